@@ -1,0 +1,112 @@
+"""The one configuration object, passed down to every part of the system.
+
+Read from a TOML file (``--config`` or ``$SMQP_CONFIG``), then overridden by
+environment variables named ``SMQP_<SECTION>_<KEY>`` (for example
+``SMQP_KAFKA_BOOTSTRAP=10.0.0.5:9092``).  Every key has a default, so the
+whole system runs locally with no file at all.  ``deploy/smqp.example.toml``
+documents every key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = "127.0.0.1:19092"
+    commands_topic: str = "smqp.commands"
+    deliveries_topic: str = "smqp.deliveries"
+    commands_partitions: int = 1
+    deliveries_partitions: int = 1
+    linger_ms: int = 1
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 7720
+    server_ident: str = "SMQP-on-Spark/0.1"
+    server_host: str = "localhost"  # host part of Smuid attributes
+    node_id: int = 0  # 0..1023, unique per gateway of a farm: part of every SMUID
+    default_timeout: str = "01:00:00:00"
+    allow_guest: bool = True
+    max_line_bytes: int = 8192
+    max_header_lines: int = 256
+    max_message_bytes: int = 1 << 20
+    frame_timeout_s: float = 30.0  # an unfinished frame older than this gets 408 and a close
+    max_bad_commands: int = 20  # syntax errors tolerated per session before it is closed
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    master: str = "local[2]"
+    shuffle_partitions: int = 2
+    trigger_interval: str = "0 seconds"
+    max_records_per_batch: int = 20000
+    poll_timeout_ms: int = 50
+    query_name: str = "smqp-router"
+
+
+@dataclass(frozen=True)
+class SMQPConfig:
+    data_dir: str = "smqp-data"
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    # account name -> password hash (see gateway.accounts.hash_password)
+    accounts: Mapping[str, str] = field(default_factory=dict)
+
+    def table_path(self, name: str) -> str:
+        """Where Delta table ``name`` lives."""
+        return str(Path(self.data_dir, "tables", name).absolute())
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return str(Path(self.data_dir, "checkpoints", self.streaming.query_name).absolute())
+
+
+def _coerce(value: str, target: Any) -> Any:
+    """Turn an environment string into the type of the default it overrides."""
+    if isinstance(target, bool):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(target, int):
+        return int(value)
+    if isinstance(target, float):
+        return float(value)
+    return value
+
+
+def _merge(section: Any, values: Mapping[str, Any], env_prefix: str, env: Mapping[str, str]) -> Any:
+    changes = {}
+    for f in fields(section):
+        current = getattr(section, f.name)
+        if is_dataclass(current):
+            changes[f.name] = _merge(current, values.get(f.name, {}), f"{env_prefix}{f.name.upper()}_", env)
+            continue
+        if f.name in values:
+            changes[f.name] = values[f.name]
+        env_name = f"{env_prefix}{f.name.upper()}"
+        if env_name in env and not isinstance(current, Mapping):
+            changes[f.name] = _coerce(env[env_name], current)
+    unknown = set(values) - {f.name for f in fields(section)}
+    if unknown:
+        raise ValueError(f"unknown configuration key(s) {sorted(unknown)} in [{env_prefix.strip('_').lower()}]")
+    return replace(section, **changes)
+
+
+def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
+                **overrides: Any) -> SMQPConfig:
+    """Defaults, then the TOML file (``path`` or ``$SMQP_CONFIG``), then ``SMQP_*`` variables."""
+    env = os.environ if env is None else env
+    path = path or env.get("SMQP_CONFIG")
+    values: dict[str, Any] = {}
+    if path:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+    values.update(overrides)
+    return _merge(SMQPConfig(), values, "SMQP_", env)

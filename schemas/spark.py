@@ -1,0 +1,109 @@
+"""Spark types for the Kafka records and Delta tables (streaming side only).
+
+These describe the same objects as :mod:`schemas.events`; keep the two in
+step.  Delta table schemas are written as Spark ``StructType``s; the Arrow
+schema delta-rs needs is derived from them with :func:`arrow_schema`.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+HEADERS = ArrayType(ArrayType(StringType()))
+
+
+def _struct(*columns: tuple[str, object]) -> StructType:
+    return StructType([StructField(name, kind, True) for name, kind in columns])
+
+
+#: The columns Spark's built-in Kafka source emits, so that a cluster with
+#: spark-sql-kafka can switch to ``format("kafka")`` by configuration.
+KAFKA_RECORD = _struct(
+    ("key", BinaryType()),
+    ("value", BinaryType()),
+    ("topic", StringType()),
+    ("partition", IntegerType()),
+    ("offset", LongType()),
+    ("timestamp", TimestampType()),
+    ("timestampType", IntegerType()),
+)
+
+SECTION_JSON = _struct(("headers", HEADERS), ("data", StringType()))  # data is base64
+
+#: Union of every event on ``smqp.commands`` (see schemas.events).
+COMMAND_EVENT = _struct(
+    ("type", StringType()),
+    ("smuid", LongType()),
+    ("topic", StringType()),
+    ("cmuid", StringType()),
+    ("account", StringType()),
+    ("guid", StringType()),
+    ("pattern", StringType()),
+    ("accepted_at", LongType()),
+    ("priority", IntegerType()),
+    ("headers", HEADERS),
+    ("sections", ArrayType(SECTION_JSON)),
+)
+
+#: Delta table ``messages``: every accepted publish, once.
+MESSAGES_TABLE = _struct(
+    ("smuid", LongType()),
+    ("topic", StringType()),
+    ("cmuid", StringType()),
+    ("publisher", StringType()),
+    ("publisher_guid", StringType()),
+    ("priority", IntegerType()),
+    ("headers", HEADERS),
+    ("sections", ArrayType(SECTION_JSON)),
+    ("accepted_at", TimestampType()),
+    ("kafka_partition", IntegerType()),
+    ("kafka_offset", LongType()),
+    ("batch_id", LongType()),
+)
+
+#: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.
+SUBSCRIPTIONS_TABLE = _struct(
+    ("account", StringType()),
+    ("pattern", StringType()),
+    ("guid", StringType()),
+    ("active", BooleanType()),
+    ("subscribed_at", TimestampType()),
+    ("unsubscribed_at", TimestampType()),
+    ("batch_id", LongType()),
+)
+
+#: Delta table ``deliveries``: one row per (account, smuid) routed.
+DELIVERIES_TABLE = _struct(
+    ("account", StringType()),
+    ("smuid", LongType()),
+    ("topic", StringType()),
+    ("priority", IntegerType()),
+    ("status", StringType()),  # "pending" | "acked"
+    ("routed_at", TimestampType()),
+    ("routed_batch_id", LongType()),
+    ("acked_at", TimestampType()),
+    ("acked_guid", StringType()),
+)
+
+TABLES: dict[str, StructType] = {
+    "messages": MESSAGES_TABLE,
+    "subscriptions": SUBSCRIPTIONS_TABLE,
+    "deliveries": DELIVERIES_TABLE,
+}
+
+
+def arrow_schema(schema: StructType):
+    """The Arrow schema delta-rs writes for a Spark ``StructType`` (UTC timestamps)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")

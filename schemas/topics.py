@@ -1,0 +1,81 @@
+"""SMQP topic paths: validation, canonical form and wildcard matching.
+
+Spec 2.2: topics are hierarchical, case-insensitive, ``/``-rooted, contain
+no spaces, do not start with a digit, are alphanumeric, and each level is at
+most 32 characters.  ``Trash`` is reserved at every level.  A trailing
+``/*`` is a wildcard covering every descendant; ``/*`` alone (the whole
+tree) is refused.  Underscores are accepted inside a level because the spec's
+own examples use them (``/stocks/quotes/big_blue``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_LEVEL_LENGTH = 32
+TRASH = "trash"
+ACCOUNTS_ROOT = "/accounts"
+_LEVEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+class TopicError(ValueError):
+    """A topic path that breaks the spec's rules; ``reason`` names which."""
+
+    def __init__(self, topic: str, reason: str, too_long: bool = False):
+        super().__init__(f"bad topic {topic!r}: {reason}")
+        self.topic = topic
+        self.reason = reason
+        self.too_long = too_long
+
+
+class RootWildcardError(TopicError):
+    """``/*``: a subscription to everything, which spec 4.1.9.1 forbids."""
+
+
+def canonical(topic: str) -> str:
+    """Validate a concrete topic path and return its canonical (lower-case) form."""
+    if not topic.startswith("/"):
+        raise TopicError(topic, "must start with '/'")
+    levels = topic[1:].split("/")
+    if topic == "/" or any(level == "" for level in levels):
+        raise TopicError(topic, "empty level")
+    for level in levels:
+        if len(level) > MAX_LEVEL_LENGTH:
+            raise TopicError(topic, f"level {level!r} longer than {MAX_LEVEL_LENGTH}", too_long=True)
+        if not _LEVEL.match(level):
+            raise TopicError(topic, f"level {level!r} must be alphanumeric and not start with a digit")
+        if level.lower() == TRASH:
+            raise TopicError(topic, "'Trash' is reserved")
+    return topic.lower()
+
+
+@dataclass(frozen=True)
+class TopicPattern:
+    """A subscription target: an exact topic, or every descendant of ``prefix``."""
+
+    text: str  # canonical form as shown to clients, e.g. "/stocks/*"
+    wildcard: bool
+
+    @property
+    def prefix(self) -> str:
+        """For ``/stocks/*`` the prefix ``/stocks/``; for an exact topic the topic itself."""
+        return self.text[:-1] if self.wildcard else self.text
+
+    def matches(self, topic: str) -> bool:
+        """True when the canonical ``topic`` is covered by this pattern."""
+        return topic.startswith(self.prefix) if self.wildcard else topic == self.text
+
+
+def parse_pattern(text: str) -> TopicPattern:
+    """Parse ``/a/b`` or ``/a/b/*``; ``/*`` raises :class:`RootWildcardError`."""
+    if text in ("/*", "*"):
+        raise RootWildcardError(text, "subscribing to the whole tree is not allowed")
+    if text.endswith("/*"):
+        return TopicPattern(canonical(text[:-2]) + "/*", wildcard=True)
+    return TopicPattern(canonical(text), wildcard=False)
+
+
+def account_topic(account: str) -> str:
+    """The account topic created with every login account (spec 2.2.2)."""
+    return f"{ACCOUNTS_ROOT}/{account.lower()}"

@@ -1,0 +1,29 @@
+"""Shared fixtures: the real dev broker and one lean Spark session."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from deploy.broker import DevBroker
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """One tansu broker for the whole run; tests isolate themselves by topic names."""
+    with DevBroker() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] session: few shuffle partitions, no UI, UTC."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from streaming.session import build_session
+    from schemas.config import StreamingConfig
+
+    session = build_session(StreamingConfig(), app_name="smqp-tests")
+    yield session
+    session.stop()
