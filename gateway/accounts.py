@@ -1,0 +1,74 @@
+"""Login accounts: passwords stored as PBKDF2-SHA256 hashes, never in clear.
+
+The configuration's ``[accounts]`` table maps an account name to a hash made
+by ``python -m gateway.accounts`` (which prompts for the password).  The
+``guest`` account logs in with a blank password when ``allow_guest`` is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import getpass
+import hashlib
+import hmac
+import os
+from typing import Mapping
+
+from gateway.protocol import AuthResult
+
+ALGORITHM = "pbkdf2_sha256"
+DEFAULT_ITERATIONS = 200_000
+GUEST = "guest"
+
+
+def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
+    """``pbkdf2_sha256$<iterations>$<salt>$<hash>`` with a random 16-byte salt."""
+    salt = salt or os.urandom(16)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    return f"{ALGORITHM}${iterations}${encode(salt)}${encode(digest)}"
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """Constant-time check of ``password`` against a :func:`hash_password` string."""
+    try:
+        algorithm, iterations, salt, digest = stored.split("$")
+    except ValueError:
+        return False
+    if algorithm != ALGORITHM:
+        return False
+    actual = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
+    return hmac.compare_digest(actual, base64.b64decode(digest))
+
+
+class Accounts:
+    """Authenticates CLEAR logins against configured hashes (and ``guest``)."""
+
+    def __init__(self, hashes: Mapping[str, str], allow_guest: bool = True):
+        self._hashes = {name.lower(): value for name, value in hashes.items()}
+        self._allow_guest = allow_guest
+
+    def authenticate(self, account: str, password: str) -> AuthResult:
+        name = account.lower()
+        if name == GUEST and self._allow_guest and name not in self._hashes:
+            return AuthResult.OK if password == "" else AuthResult.BAD_PASSWORD
+        stored = self._hashes.get(name)
+        if stored is None:
+            return AuthResult.UNKNOWN_ACCOUNT
+        return AuthResult.OK if verify_password(password, stored) else AuthResult.BAD_PASSWORD
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.accounts",
+        description="Print an [accounts] line for smqp.toml with the password hashed (PBKDF2-SHA256).",
+    )
+    parser.add_argument("account", help="account name, e.g. jtegen")
+    args = parser.parse_args(argv)
+    password = getpass.getpass(f"password for {args.account}: ")
+    print(f'{args.account} = "{hash_password(password)}"')
+
+
+if __name__ == "__main__":
+    main()

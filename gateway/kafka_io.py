@@ -1,0 +1,167 @@
+"""The gateway's Kafka edges: the durable append and the deliveries tail.
+
+kafka-python is thread-based; these classes bridge it into asyncio.  Both
+use manual partition assignment (the dev broker never completes consumer
+group joins) and take a partition's end from the fetch high watermark, not
+ListOffsets, which under-reports on the dev broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable, Iterable
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from schemas.config import KafkaConfig
+from schemas.events import Ack, decode
+
+log = logging.getLogger(__name__)
+
+
+class DurableLog:
+    """Appends events to the commands topic; an append completes once Kafka acked it (acks=all)."""
+
+    def __init__(self, config: KafkaConfig):
+        self._topic = config.commands_topic
+        self._producer = KafkaProducer(
+            bootstrap_servers=config.bootstrap, acks="all", linger_ms=config.linger_ms,
+            max_block_ms=5000, request_timeout_ms=10000, retries=5,
+            max_in_flight_requests_per_connection=1, client_id="smqp-gateway",
+        )
+        self._producer.partitions_for(self._topic)  # fetch metadata now, not on the first PUB
+
+    def append(self, key: bytes, value: bytes) -> asyncio.Future:
+        """Send one record; the returned future resolves when it is durable, or fails."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future = loop.create_future()
+
+        def settle(outcome, failed: bool) -> None:
+            if result.done():
+                return
+            if failed:
+                result.set_exception(outcome if isinstance(outcome, BaseException) else RuntimeError(outcome))
+            else:
+                result.set_result(outcome)
+
+        try:
+            sent = self._producer.send(self._topic, key=key, value=value)
+        except Exception as error:  # metadata timeout, buffer full: not durable
+            result.set_exception(error)
+            return result
+        sent.add_callback(lambda metadata: loop.call_soon_threadsafe(settle, metadata, False))
+        sent.add_errback(lambda error: loop.call_soon_threadsafe(settle, error, True))
+        return result
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)
+
+
+def _assign_all(consumer: KafkaConsumer, topic: str, timeout: float = 10.0) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout
+    while (partitions := consumer.partitions_for_topic(topic)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Kafka topic {topic!r} not found")
+        consumer.topics()  # refresh metadata
+        time.sleep(0.1)
+    assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+    consumer.assign(assigned)
+    return assigned
+
+
+def _new_consumer(config: KafkaConfig) -> KafkaConsumer:
+    return KafkaConsumer(
+        bootstrap_servers=config.bootstrap, group_id=None, enable_auto_commit=False,
+        client_id="smqp-gateway-tail", fetch_max_wait_ms=20, max_poll_records=5000,
+    )
+
+
+def _caught_up(consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> bool:
+    for tp in partitions:
+        high = consumer.highwater(tp)
+        if high is None or consumer.position(tp) < high:
+            return False
+    return True
+
+
+def read_acks_since(config: KafkaConfig, offsets: dict[str, int], timeout: float = 30.0) -> list[Ack]:
+    """ACKs in the commands topic after the job's last ``Progress``: durable but not yet in Delta.
+
+    Read once at gateway start so that a restarted gateway does not NOTIFY a
+    message again whose two-phase ACK the job has not processed yet.
+    """
+    consumer = _new_consumer(config)
+    try:
+        partitions = _assign_all(consumer, config.commands_topic)
+        for tp in partitions:
+            consumer.seek(tp, int(offsets.get(str(tp.partition), 0)))
+        acks: list[Ack] = []
+        deadline = time.monotonic() + timeout
+        while not _caught_up(consumer, partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError("could not read the commands topic to its end at start-up")
+            for records in consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    if b'"type":"ack"' in record.value[:20]:
+                        acks.append(decode(record.value))
+        return acks
+    finally:
+        consumer.close()
+
+
+class DeliveriesTail:
+    """A thread reading the whole deliveries topic and handing decoded events to the loop.
+
+    ``on_events`` runs in the event loop with each polled batch, in offset
+    order; ``ready`` is set once the backlog present at start has been read.
+    """
+
+    def __init__(self, config: KafkaConfig, loop: asyncio.AbstractEventLoop,
+                 on_events: Callable[[list], None]):
+        self._config = config
+        self._loop = loop
+        self._on_events = on_events
+        self._stop = threading.Event()
+        self.ready = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="deliveries-tail", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        consumer = _new_consumer(self._config)
+        try:
+            partitions = _assign_all(consumer, self._config.deliveries_topic)
+            consumer.seek_to_beginning(*partitions)
+            started = time.monotonic()
+            signalled = False
+            while not self._stop.is_set():
+                polled = consumer.poll(timeout_ms=100)
+                events = [self._decode(r.value) for rs in polled.values() for r in rs]
+                events = [e for e in events if e is not None]
+                if events:
+                    self._loop.call_soon_threadsafe(self._on_events, events)
+                if not signalled and (_caught_up(consumer, partitions)
+                                      or (not polled and time.monotonic() - started > 5)):
+                    signalled = True
+                    self._loop.call_soon_threadsafe(self.ready.set)
+        except Exception:  # the gateway cannot deliver without its tail: make it loud
+            log.exception("deliveries tail stopped")
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        finally:
+            consumer.close()
+
+    @staticmethod
+    def _decode(raw: bytes):
+        try:
+            return decode(raw)
+        except (ValueError, TypeError, KeyError):
+            log.warning("skipping undecodable deliveries record %r", raw[:80])
+            return None

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the project needs into ./.venv (idempotent; re-runs pip only when pyproject.toml changed).
+# Usage: source scripts/bootstrap.sh [extras]   e.g. "local" or "test"
+set -euo pipefail
+extras="${1:-local}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "==> Java not found: installing OpenJDK 17 (Spark needs a JVM)"
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null; fi
+fi
+
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$python" -m venv .venv
+fi
+stamp=".venv/.installed-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing smqp-spark[$extras] into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  touch "$stamp"
+fi
+export PYSPARK_PYTHON="$root/.venv/bin/python"

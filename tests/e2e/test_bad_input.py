@@ -1,0 +1,102 @@
+"""Bad input over real sockets: reply codes or a clean close, nothing published
+from a partial frame, and other sessions unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from gateway.client import SMQPClient
+from schemas.events import Publish, decode
+from tests.e2e.stack import GatewayThread, stack_config
+
+pytestmark = pytest.mark.e2e
+
+
+async def raw_session(host, port):
+    reader, writer = await asyncio.open_connection(host, port)
+    greeting = await reader.readuntil(b"\r\n")
+    assert greeting.startswith(b"SMQP/1.0 Ready.")
+    return reader, writer
+
+
+async def read_reply(reader) -> bytes:
+    """Read one server frame (a reply ends with its last line and an empty line)."""
+    return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+
+
+def published_events(config) -> list[Publish]:
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None, enable_auto_commit=False)
+    tp = TopicPartition(config.kafka.commands_topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    events, deadline = [], time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=200).values():
+            events += [decode(r.value) for r in records]
+        if consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp):
+            break
+    consumer.close()
+    return [e for e in events if isinstance(e, Publish)]
+
+
+@pytest.fixture
+def gateway(broker, tmp_path):
+    config = stack_config(broker, tmp_path, frame_timeout_s=1.0, max_line_bytes=1024)
+    with GatewayThread(config) as running:
+        yield running
+
+
+def test_bad_commands_get_reply_codes_and_the_session_goes_on(gateway):
+    host, port = gateway.address
+
+    async def scenario():
+        reader, writer = await raw_session(host, port)
+        writer.write(b"FROBNICATE now\r\n")
+        assert (await read_reply(reader)).startswith(b"400")
+        writer.write(b"PUB MESSAGE /a/b X1\r\n\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi\r\n.\r\n")
+        assert (await read_reply(reader)).startswith(b"401")  # before LOGIN
+        writer.write(b"NOOP " + b"x" * 5000 + b"\r\n")
+        assert (await read_reply(reader)).startswith(b"400")  # line over the limit
+        writer.write(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n")
+        assert (await read_reply(reader)) == b"200 OK\r\n\r\n"
+        assert (await read_reply(reader)).startswith(b"200-OK")
+        writer.write(b"NOOP\r\n")
+        assert (await read_reply(reader)) == b"200 OK\r\n\r\n"
+        writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_partial_frames_publish_nothing_and_disturb_no_one(gateway):
+    host, port = gateway.address
+    config = gateway.config
+
+    async def scenario():
+        good = await SMQPClient.connect(host, port)
+        await good.login("guest")
+        # a client that vanishes mid-frame
+        reader, writer = await raw_session(host, port)
+        writer.write(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n")
+        await read_reply(reader), await read_reply(reader)
+        writer.write(b"PUB MESSAGE /a/b LOST1\r\n\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nhalf")
+        await writer.drain()
+        writer.close()
+        # a client whose Content-Length promises more than it sends: 408 and a clean close
+        reader2, writer2 = await raw_session(host, port)
+        writer2.write(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n")
+        await read_reply(reader2), await read_reply(reader2)
+        writer2.write(b"PUB MESSAGE /a/b LOST2\r\n\r\nContent-Type: text/plain\r\nContent-Length: 99\r\n\r\nshort\r\n.\r\n")
+        assert (await read_reply(reader2)).startswith(b"408")
+        assert await asyncio.wait_for(reader2.read(), 5) == b""  # closed by the server
+        # meanwhile the well-behaved session is unaffected
+        smuid = await good.publish("/a/b", b"kept", cmuid="KEPT")
+        await good.quit()
+        return smuid
+
+    smuid = asyncio.run(scenario())
+    events = published_events(config)
+    assert [(e.cmuid, e.smuid) for e in events] == [("KEPT", smuid)]

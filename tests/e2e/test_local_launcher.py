@@ -1,0 +1,62 @@
+"""``smqp-local`` (the README's run command) starts broker, job and gateway; Ctrl-C stops them,
+after telling connected clients ``NOTIFY SERVER BYE``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.broker import free_port
+from gateway.client import SMQPClient
+
+pytestmark = pytest.mark.e2e
+
+
+def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
+    gateway_port, broker_port = free_port(), free_port()
+    env = dict(os.environ, SMQP_GATEWAY_PORT=str(gateway_port), SMQP_KAFKA_BOOTSTRAP=f"127.0.0.1:{broker_port}",
+               PYTHONUNBUFFERED="1")
+    env.pop("SMQP_CONFIG", None)
+    log = open(tmp_path / "local.log", "w+b")
+    launcher = subprocess.Popen([sys.executable, "-m", "deploy.local", "--data-dir", str(tmp_path / "data")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while b"Press Ctrl-C to stop." not in Path(log.name).read_bytes():
+            assert launcher.poll() is None, Path(log.name).read_text()
+            assert time.monotonic() < deadline, "launcher did not come up"
+            time.sleep(0.2)
+        banner = Path(log.name).read_text()
+        assert f"127.0.0.1:{gateway_port}" in banner and f"127.0.0.1:{broker_port}" in banner
+        assert str(tmp_path / "data" / "tables") in banner
+
+        async def scenario():
+            sub = await SMQPClient.connect("127.0.0.1", gateway_port)
+            await sub.login("guest")
+            await sub.subscribe("/demo/*")
+            async with await SMQPClient.connect("127.0.0.1", gateway_port) as pub:
+                await pub.login("guest")
+                smuid = await pub.publish("/demo/hello", b"hi there")
+            note = await sub.next_notification(120)
+            assert (note.topic, note.smuid, note.data) == ("/demo/hello", smuid, b"hi there")
+            await note.ack()
+            os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in the launcher's terminal
+            bye = await sub.next_notification(30)
+            assert (bye.resource.upper(), bye.topic.upper()) == ("SERVER", "BYE")
+            await asyncio.wait_for(sub.closed.wait(), 30)
+            await sub.close()
+
+        asyncio.run(scenario())
+        assert launcher.wait(90) == 0
+        assert b"stopped." in Path(log.name).read_bytes()
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        log.close()
