@@ -1,0 +1,357 @@
+"""Every example exchange of spec sections 4 and 4.1.1–4.1.14 this gateway
+serves, reproduced byte for byte (each input fed three ways).
+
+Deviations from the draft's text, all deliberate:
+
+* The draft miscounts Content-Length: ``Content-Length: 5`` for ``24.567``
+  (6 bytes) in 4.1.8.1 and ``Content-Length: 12`` for ``34.456`` in
+  4.1.11.1.  These tests use the true lengths (6); the HTML section's 52 is
+  right and kept.
+* SMUIDs are integers here (``2001083408341156``), not the draft's
+  ``2001083408341156-1810``; ``Smuid:`` attributes read ``host/<smuid>``
+  as in the PUB REPLY example (``www.host.com/1835``).
+* Every reply ends with an empty line; the draft's abbreviated LOGIN
+  transcript omits it after ``200 OK``.
+* Wildcard SUB/UNSUB echo the pattern instead of listing matching topics.
+"""
+
+from __future__ import annotations
+
+from gateway.protocol import Close, Durable, LoggedIn, Send, render_notify
+from schemas.events import Ack, Deliver, Publish, Section, Subscribe, Unsubscribe
+
+from tests.gateway.test_feeding import (
+    FIRST_SMUID,
+    feed_three_ways,
+    logged_in,
+    make_session,
+    transcript,
+    wire,
+)
+
+SPEC_MICROS = 998577912460000  # SPEC_TIME in µs since the epoch
+
+
+def test_greeting():
+    """Section 4: ``SMQP/1.0 Ready. OmicronSoft SMQP Server/1.0 (c) 2001``."""
+    assert make_session().greeting() == b"SMQP/1.0 Ready. OmicronSoft SMQP Server/1.0 (c) 2001\r\n"
+
+
+def test_login_sequence():
+    """4.1.1 "Example LOGIN sequence", the full PASS reply in the spec's order."""
+    client, server = transcript("""
+        C: LOGIN jtegen CLEAR/1.0
+        S: 200 OK
+        S:
+        C: PASS jtegen rowe7kuy
+        S: 200-OK
+        S: 200-Topic: /accounts/jtegen
+        S: 200-Timeout: 00:24:00:00
+        S: 200-Time: D20010823T14451246Z
+        S: 200 Guid: jtegen0456
+        S:
+    """)
+    actions = feed_three_ways(client, make_session)
+    assert wire(actions) == server
+    assert actions[-1] == LoggedIn("jtegen", "jtegen0456")
+
+
+def test_clear_login_example_with_abbreviated_pass_reply():
+    """4.1.1 "CLEAR authentication example": LOGIN's reply is exactly ``200 OK``;
+    PASS's is the 200 the example abbreviates."""
+    actions = feed_three_ways(b"LOGIN jtegen CLEAR/1.0\r\n", make_session)
+    assert wire(actions) == b"200 OK\r\n\r\n"
+    session = make_session()
+    session.receive_data(b"LOGIN jtegen CLEAR/1.0\r\n")
+    assert wire(session.receive_data(b"PASS jtegen rowe7kuy\r\n")).startswith(b"200-OK\r\n")
+
+
+def test_kerberos_not_supported():
+    """4.1.1 "KERBEROS authentication example (not supported by server)"."""
+    client, server = transcript("""
+        C: LOGIN jtegen KERBEROS/5.0
+        S: 405 Not allowed
+        S:
+    """)
+    assert wire(feed_three_ways(client, make_session)) == server
+
+
+def test_guest_logs_in_with_blank_password():
+    """4.1.1 Guest Account: ``guest`` with a blank password over CLEAR."""
+    actions = feed_three_ways(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n", make_session)
+    assert actions[-1] == LoggedIn("guest", "guest0456")
+    assert b"200-Topic: /accounts/guest\r\n" in wire(actions)
+
+
+def test_publish_message():
+    """4.1.8.1 "Example PUBLISH MESSAGE sequence" (Content-Length corrected to 6)."""
+    client, server = transcript("""
+        C: PUB MESSAGE /stocks/quotes/ibm A004
+        C: Priority: 1
+        C: Created: D20010815T08341245Z
+        C: Receipt: yes
+        C: Name: Stock quote for IBM
+        C: Reply: NO
+        C: Timeout: 00:01:00
+        C: Depth: 1
+        C: Sequence: 34
+        C:
+        C: Content-Type: text/plain
+        C: Content-Length: 6
+        C:
+        C: 24.567
+        C: .
+        C:
+        S: 200-OK
+        S: 200 A004 2001083408341156
+        S:
+    """)
+    actions = feed_three_ways(client)
+    assert wire(actions) == server
+    [durable] = actions
+    assert durable.key == b"/stocks/quotes/ibm"
+    assert durable.event == Publish(
+        smuid=FIRST_SMUID, topic="/stocks/quotes/ibm", cmuid="A004", account="jtegen", guid="jtegen0456",
+        accepted_at=SPEC_MICROS, priority=1,
+        headers=[("Priority", "1"), ("Created", "D20010815T08341245Z"), ("Receipt", "yes"),
+                 ("Name", "Stock quote for IBM"), ("Reply", "NO"), ("Timeout", "00:01:00"), ("Depth", "1"),
+                 ("Sequence", "34")],
+        sections=[Section([("Content-Type", "text/plain"), ("Content-Length", "6")], b"24.567")],
+    )
+
+
+def test_publish_message_with_multiple_data_sections():
+    """4.1.8.1 "Example PUB MESSAGE with multiple data sections sequence"
+    (first Content-Length corrected to 6; the HTML section's 52 is right)."""
+    client, server = transcript("""
+        C: PUB MESS /stocks/quotes/ibm A005
+        C: Priority: 1
+        C: Name: IBM Quote
+        C: Created: D20010815T08341245Z
+        C: Receipt: yes
+        C: Reply: NO
+        C: Timeout: 00:01:00
+        C: Depth: 1
+        C: Sequence: 34
+        C:
+        C: Content-Type: text/plain
+        C: Content-Length: 6
+        C:
+        C: 24.567
+        C:
+        C: Content-Type: text/html
+        C: Content-Length: 52
+        C:
+        C: <A HREF="http://www.stocks.com/quote=ibm">24.567</A>
+        C: .
+        C:
+        S: 200-OK
+        S: 200 A005 2001083408341156
+        S:
+    """)
+    actions = feed_three_ways(client)
+    assert wire(actions) == server
+    assert [s.data for s in actions[0].event.sections] == [
+        b"24.567", b'<A HREF="http://www.stocks.com/quote=ibm">24.567</A>']
+
+
+def test_subscribe_message():
+    """4.1.9.1 "Example SUBSCRIBE MESSAGE sequence"."""
+    client, server = transcript("""
+        C: SUB MESSAGE /stocks/quotes/ibm
+        C:
+        S: 200-OK
+        S: 200 /stocks/quotes/ibm
+        S:
+    """)
+    actions = feed_three_ways(client)
+    assert wire(actions) == server
+    assert actions[0].event == Subscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS)
+    assert actions[0].key == b"/stocks/quotes/ibm"
+
+
+def test_subscribe_message_wildcard_echoes_the_pattern():
+    """4.1.9.1 wildcard example: the reply names the pattern, not the topics
+    it matches today (those are the streaming job's to know)."""
+    client, _ = transcript("""
+        C: SUBSCRIBE MESSAGE /stocks/quotes/*
+        C:
+    """)
+    actions = feed_three_ways(client)
+    assert wire(actions) == b"200-OK\r\n200 /stocks/quotes/*\r\n\r\n"
+    assert actions[0].event.pattern == "/stocks/quotes/*"
+
+
+def test_subscribe_to_the_root_is_refused():
+    """4.1.9.1: ``SUB MESSAGE /*`` → 510 Maximum quantities exceeded."""
+    client, server = transcript("""
+        C: SUB MESSAGE /*
+        C:
+        S: 510 Maximum quantities exceeded
+        S:
+    """)
+    assert wire(feed_three_ways(client)) == server
+
+
+def test_subscribe_since_and_until_are_not_implemented():
+    """4.1.9.1 SINCE / UNTIL examples: not served by this gateway yet."""
+    actions = feed_three_ways(b"SUB MESSAGE /stocks/quotes/ibm SINCE D20010915T080000\r\n\r\n"
+                              b"SUB MESSAGE /stocks/quotes/ibm UNTIL D20010915T123000\r\n\r\n")
+    assert wire(actions) == (b"501 Not implemented (SUB MESSAGE SINCE)\r\n\r\n"
+                             b"501 Not implemented (SUB MESSAGE UNTIL)\r\n\r\n")
+
+
+def test_unsubscribe_message():
+    """4.1.10.1 first example."""
+    client, server = transcript("""
+        C: UNSUB MESSAGE /stocks/quotes/ibm
+        C:
+        S: 200-OK
+        S: 200 MESSAGE /stocks/quotes/ibm
+        S:
+    """)
+    actions = feed_three_ways(client)
+    assert wire(actions) == server
+    assert actions[0].event == Unsubscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS)
+
+
+def test_unsubscribe_wildcard_echoes_the_pattern_and_star_is_not_implemented():
+    """4.1.10.1 wildcard examples: ``/stocks/*`` is served (echoed); ``*``
+    needs the subscription list, which the job owns: 501."""
+    actions = feed_three_ways(b"UNSUB MESSAGE /stocks/*\r\n\r\nUNSUB MESSAGE *\r\n\r\n")
+    assert wire(actions) == (b"200-OK\r\n200 MESSAGE /stocks/*\r\n\r\n"
+                             b"501 Not implemented (UNSUB MESSAGE *)\r\n\r\n")
+
+
+NOTIFY_EXAMPLE = """
+    S: NOTIFY MESSAGE /stocks/quotes/ibm
+    S: Created: D20010815T08032445Z
+    S: Smuid: www.host.com/1835
+    S: Cmuid: jtegen/jtegen3454654/A004
+    S: Priority: 1
+    S: Receipt: yes
+    S: Reply: NO
+    S: Timeout: 00:01:00
+    S: Depth: 1
+    S: Sequence: 34
+    S:
+    S: Content-Type: text/plain
+    S: Content-Length: 6
+    S:
+    S: 34.456
+    S: .
+    S:
+"""
+
+EXAMPLE_HEADERS = [("Priority", "1"), ("Receipt", "yes"), ("Reply", "NO"), ("Timeout", "00:01:00"),
+                   ("Depth", "1"), ("Sequence", "34")]
+
+
+def example_deliver(headers=None) -> Deliver:
+    return Deliver(
+        account="jtegen", smuid=1835, topic="/stocks/quotes/ibm", cmuid="A004", publisher="jtegen",
+        publisher_guid="jtegen3454654", accepted_at=SPEC_MICROS, priority=1,
+        headers=[("Created", "D20010815T08032445Z"), *EXAMPLE_HEADERS] if headers is None else headers,
+        sections=[Section([("Content-Type", "text/plain"), ("Content-Length", "6")], b"34.456")],
+    )
+
+
+def test_notify_message_with_two_phase_ack():
+    """4.1.11.1 "Example NOTIFY MESSAGE sequence" (Content-Length corrected to 6;
+    SMUID 1835 as ``www.host.com/1835``), then ``310 ACK`` both ways."""
+    _, notify = transcript(NOTIFY_EXAMPLE)
+    client, server = transcript("""
+        C: 310 ACK
+        C:
+        S: 310 ACK
+        S:
+    """)
+
+    def notified():
+        session = logged_in()
+        assert session.notify(example_deliver()) == notify
+        assert session.awaiting_ack == 1835
+        return session
+
+    actions = feed_three_ways(client, notified)
+    assert wire(actions) == server
+    assert actions == [Durable(Ack("jtegen", "jtegen0456", 1835, SPEC_MICROS), b"jtegen", server)]
+    session = notified()
+    session.receive_data(client)
+    assert session.awaiting_ack is None
+
+
+def test_publish_to_notify_round_trip_reproduces_the_spec_example():
+    """A PUB carrying the example's attributes, routed back as a Deliver,
+    renders the 4.1.11.1 NOTIFY byte for byte."""
+    _, notify = transcript(NOTIFY_EXAMPLE)
+    pub = (b"PUB MESSAGE /Stocks/Quotes/IBM A004\r\nPriority: 1\r\nCreated: D20010815T08032445Z\r\n"
+           b"Receipt: yes\r\nReply: NO\r\nTimeout: 00:01:00\r\nDepth: 1\r\nSequence: 34\r\n\r\n"
+           b"Content-Type: text/plain\r\nContent-Length: 6\r\n\r\n34.456\r\n.\r\n")
+    [durable] = feed_three_ways(pub)
+    event: Publish = durable.event
+    deliver = Deliver(account="jtegen", smuid=1835, topic=event.topic, cmuid=event.cmuid, publisher="jtegen",
+                      publisher_guid="jtegen3454654", accepted_at=event.accepted_at, priority=event.priority,
+                      headers=event.headers, sections=event.sections)
+    assert render_notify(deliver, "www.host.com") == notify
+
+
+def test_notify_without_created_uses_acceptance_time():
+    rendered = render_notify(example_deliver(headers=EXAMPLE_HEADERS), "www.host.com")
+    assert rendered.splitlines()[1] == b"Created: D20010823T14451246Z"
+
+
+def test_noop():
+    """4.1.13: NOOP → 200 OK (also before login)."""
+    assert wire(feed_three_ways(b"NOOP\r\n\r\n", make_session)) == b"200 OK\r\n\r\n"
+
+
+def test_quit():
+    """4.1.14 example; the session asks to close after the reply."""
+    client, server = transcript("""
+        C: QUIT
+        C:
+        S: 200 OK
+        S:
+    """)
+    actions = feed_three_ways(client)
+    assert actions == [Send(server), Close()]
+
+
+def test_server_bye():
+    """4.1.11.4.2: ``NOTIFY SERVER BYE`` then an empty line."""
+    assert make_session().server_bye() == b"NOTIFY SERVER BYE\r\n\r\n"
+
+
+def test_unserved_spec_verbs_answer_501_naming_the_verb():
+    """COUNT, LIST, CREATE, REMOVE, SET, FIND, GET and the other SUB/UNSUB
+    resources are spec verbs this gateway does not serve yet."""
+    commands = [b"COUNT TOPIC /news", b"LIST TOPIC /", b"CREATE TOPIC /stocks/quotes/ibm",
+                b"REMOVE TOPIC /stocks/quotes/ibm", b"REM TOPIC /x", b"SET TOPIC NAME /a /b", b"FIND TOPIC /stocks",
+                b"GET MESSAGE /stocks/quotes/ibm 1865", b"SUB TOPIC /stocks/quotes/ibm", b"SUB SUB /x",
+                b"UNSUB TOPIC /x", b"UNSUB *"]
+    actions = feed_three_ways(b"".join(c + b"\r\n\r\n" for c in commands))
+    names = ["COUNT", "LIST", "CREATE", "REMOVE", "REM", "SET", "FIND", "GET", "SUB TOPIC", "SUB SUB",
+             "UNSUB TOPIC", "UNSUB *"]
+    assert wire(actions) == b"".join(f"501 Not implemented ({n})\r\n\r\n".encode() for n in names)
+
+
+def test_publish_reply_body_is_consumed_then_501():
+    """4.1.8.2's PUB REPLY example (its Content-Length corrected to 9): the body,
+    which has no empty line before Content-Type, is read whole, then 501."""
+    client, _ = transcript("""
+        C: PUB REPLY /stocks/quotes/ibm CF0456
+        C: Created: D20010815T08035341Z
+        C: Smuid: www.host.com/1835
+        C: Cmuid: jtegen/jtegen497549/A004
+        C: Priority: 1
+        C: Timeout: 00:01:00
+        C: Content-Type: text/plain
+        c: Content-Length: 9
+        C:
+        C: Thank you
+        C: .
+        C:
+        C: NOOP
+    """)
+    assert wire(feed_three_ways(client)) == b"501 Not implemented (PUBLISH REPLY)\r\n\r\n200 OK\r\n\r\n"
