@@ -1,0 +1,294 @@
+"""``smqp_kafka``: a Spark Python streaming data source reading one Kafka topic.
+
+Spark's own Kafka source (spark-sql-kafka) cannot be fetched here (no Maven),
+so this source reads with kafka-python and emits the same columns
+(``schemas.spark.KAFKA_RECORD``: key, value, topic, partition, offset,
+timestamp, timestampType); a cluster that has spark-sql-kafka can switch to
+``format("kafka")`` by configuration.
+
+It is a :class:`~pyspark.sql.datasource.SimpleDataSourceStreamReader`: Spark
+calls :meth:`KafkaStreamReader.read` on the driver (in one long-lived Python
+planner process per query), which keeps **one** consumer alive across
+micro-batches, so a batch costs one ``poll`` instead of a connection.
+
+- Offsets are ``{"<partition>": next_offset}``, kept in Spark's checkpoint
+  (manual ``assign`` + ``seek``; consumer groups are never used — they never
+  complete on the tansu dev broker, and Spark does the same).
+- The end of a partition is the fetch response's high watermark
+  (``consumer.highwater``), never ListOffsets(latest), which tansu
+  under-reports.
+- :meth:`~KafkaStreamReader.readBetweenOffsets` re-reads an exact range when
+  Spark replays a batch after a restart; it runs on an executor with a fresh
+  consumer and fails with a clear error if the range cannot be read in time.
+- ``Trigger.AvailableNow`` is supported: the target is each partition's high
+  watermark when the query starts.
+
+Options: ``bootstrap`` (required), ``topic`` (required),
+``maxRecordsPerBatch`` (20000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
+(2000: how long a read keeps polling while the broker is known to hold more
+data than it has returned), ``replayTimeoutMs`` (60000), ``metadataTimeoutMs``
+(10000: how long to wait for the topic to exist).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from schemas.spark import KAFKA_RECORD, arrow_schema
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, int]
+
+
+class KafkaSourceError(RuntimeError):
+    """The topic cannot be read as asked (missing topic, replay range unavailable …)."""
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("smqp_kafka").option("bootstrap", …).option("topic", …)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "smqp_kafka"
+
+    def schema(self) -> StructType:
+        return KAFKA_RECORD
+
+    def simpleStreamReader(self, schema: StructType) -> KafkaStreamReader:
+        options = {k.lower(): v for k, v in self.options.items()}
+        missing = [name for name in ("bootstrap", "topic") if not options.get(name)]
+        if missing:
+            raise KafkaSourceError(f"smqp_kafka needs option(s) {missing}")
+        return KafkaStreamReader(
+            bootstrap=options["bootstrap"],
+            topic=options["topic"],
+            max_records=int(options.get("maxrecordsperbatch", 20000)),
+            poll_timeout_ms=int(options.get("polltimeoutms", 50)),
+            catch_up_timeout_ms=int(options.get("catchuptimeoutms", 2000)),
+            replay_timeout_ms=int(options.get("replaytimeoutms", 60000)),
+            metadata_timeout_ms=int(options.get("metadatatimeoutms", 10000)),
+        )
+
+
+def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
+    """kafka-python ``ConsumerRecord``s → one Arrow batch with the KAFKA_RECORD columns."""
+    return pa.RecordBatch.from_arrays([
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        pa.array([r.timestamp * 1000 if r.timestamp is not None and r.timestamp >= 0 else None
+                  for r in records], schema.field("timestamp").type),
+        pa.array([r.timestamp_type for r in records], pa.int32()),
+    ], schema=schema)
+
+
+class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver-side reader keeping one kafka-python consumer across micro-batches."""
+
+    def __init__(self, bootstrap: str, topic: str, max_records: int = 20000, poll_timeout_ms: int = 50,
+                 catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
+                 metadata_timeout_ms: int = 10000):
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.max_records = max_records
+        self.poll_timeout_ms = poll_timeout_ms
+        self.catch_up_timeout_ms = catch_up_timeout_ms
+        self.replay_timeout_ms = replay_timeout_ms
+        self.metadata_timeout_ms = metadata_timeout_ms
+        self._target: dict[int, int] | None = None  # Trigger.AvailableNow end offsets
+        self._consumer = None  # created lazily, never pickled
+        self._positions: dict[int, int] = {}  # where the live consumer stands, per partition
+
+    # -- pickling: the reader travels to executors for replays; clients do not
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_consumer"] = None
+        state["_positions"] = {}
+        return state
+
+    # -- kafka-python plumbing
+
+    def _new_consumer(self):
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=max(10, self.poll_timeout_ms),
+            max_poll_records=self.max_records,
+            client_id="smqp-streaming-source",
+        )
+
+    def _client(self):
+        if self._consumer is None:
+            self._consumer = self._new_consumer()
+            self._positions = {}
+        return self._consumer
+
+    def _partitions(self, consumer) -> list[int]:
+        timeout_s = self.metadata_timeout_ms / 1000
+        deadline = time.monotonic() + timeout_s
+        while True:
+            partitions = consumer.partitions_for_topic(self.topic)
+            if partitions:
+                return sorted(partitions)
+            if time.monotonic() > deadline:
+                raise KafkaSourceError(
+                    f"Kafka topic {self.topic!r} not found on {self.bootstrap} after {timeout_s:.0f}s; "
+                    "create it first (deploy.broker.create_topics)")
+            time.sleep(0.1)
+
+    def _tp(self, partition: int):
+        from kafka import TopicPartition
+
+        return TopicPartition(self.topic, partition)
+
+    def _assign(self, consumer, partitions: list[int]) -> None:
+        wanted = {self._tp(p) for p in partitions}
+        if set(consumer.assignment()) != wanted:
+            consumer.assign(sorted(wanted, key=lambda tp: tp.partition))
+            self._positions = {}
+
+    # -- the SimpleDataSourceStreamReader contract
+
+    def initialOffset(self) -> Offsets:
+        """Earliest: the beginning offset of every partition."""
+        consumer = self._client()
+        partitions = self._partitions(consumer)
+        beginning = consumer.beginning_offsets([self._tp(p) for p in partitions])
+        return {str(p): int(beginning.get(self._tp(p)) or 0) for p in partitions}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Record each partition's high watermark now; reads never go past it."""
+        probe = self._new_consumer()
+        try:
+            partitions = self._partitions(probe)
+            tps = [self._tp(p) for p in partitions]
+            probe.assign(tps)
+            # ListOffsets(latest) may under-report on tansu; a fetch from there returns
+            # the true high watermark.
+            for tp, offset in probe.end_offsets(tps).items():
+                probe.seek(tp, offset)
+            deadline = time.monotonic() + self.replay_timeout_ms / 1000
+            while any(probe.highwater(tp) is None for tp in tps):
+                if time.monotonic() > deadline:
+                    raise KafkaSourceError(f"no high watermark for {self.topic!r} from {self.bootstrap}")
+                probe.poll(timeout_ms=self.poll_timeout_ms, max_records=1, update_offsets=False)
+            self._target = {tp.partition: probe.highwater(tp) for tp in tps}
+        finally:
+            probe.close()
+
+    def read(self, start: Offsets) -> tuple[Iterator[pa.RecordBatch], Offsets]:
+        """Everything available after ``start``, at most ``maxRecordsPerBatch`` records.
+
+        One ``poll``; while it returns nothing but the broker is known to hold
+        more (high watermark unknown yet or beyond our position), poll again,
+        up to ``catchUpTimeoutMs``, so "nothing new" really means nothing new.
+        """
+        consumer = self._client()
+        partitions = self._partitions(consumer)
+        self._assign(consumer, partitions)
+        begin = {p: int(start.get(str(p), 0)) for p in partitions}
+        for p, offset in begin.items():
+            if self._positions.get(p) != offset:
+                consumer.seek(self._tp(p), offset)
+                self._positions[p] = offset
+        limit = self.max_records
+        if self._target is not None:
+            limit = min(limit, sum(max(0, self._target.get(p, 0) - begin[p]) for p in partitions))
+        records = self._poll(consumer, partitions, limit) if limit > 0 else []
+        end = dict(begin)
+        kept = []
+        for record in records:
+            if self._target is not None and record.offset >= self._target.get(record.partition, 0):
+                continue
+            kept.append(record)
+            end[record.partition] = max(end[record.partition], record.offset + 1)
+        for p in partitions:  # where the consumer really stands (past ``end`` if it ran over a target)
+            self._positions[p] = consumer.position(self._tp(p))
+        offsets = {str(p): end[p] for p in partitions}
+        if not kept:
+            return iter([]), offsets
+        return iter([_records_to_batch(kept, _ARROW_SCHEMA)]), offsets
+
+    def _poll(self, consumer, partitions: list[int], limit: int) -> list:
+        deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
+        while True:
+            polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit)
+            if polled:
+                return [r for batch in polled.values() for r in batch]
+            if time.monotonic() > deadline or not self._behind(consumer, partitions):
+                return []
+
+    def _behind(self, consumer, partitions: list[int]) -> bool:
+        """True while some partition's known end (high watermark, capped by the target) is ahead of us."""
+        for p in partitions:
+            tp = self._tp(p)
+            highwater = consumer.highwater(tp)
+            goal = highwater
+            if self._target is not None:
+                goal = self._target.get(p, 0) if highwater is None else min(self._target.get(p, 0), highwater)
+            if goal is None or goal > consumer.position(tp):
+                return True
+        return False
+
+    def readBetweenOffsets(self, start: Offsets, end: Offsets) -> Iterator[pa.RecordBatch]:
+        """Exactly the records in ``[start, end)`` of every partition (a replayed batch)."""
+        wanted = {int(p): (int(start.get(p, 0)), int(stop)) for p, stop in end.items()
+                  if int(stop) > int(start.get(p, 0))}
+        if not wanted:
+            return iter([])
+        consumer = self._new_consumer()
+        try:
+            tps = {p: self._tp(p) for p in wanted}
+            consumer.assign(list(tps.values()))
+            for p, (first, _) in wanted.items():
+                consumer.seek(tps[p], first)
+            records = []
+            remaining = dict(wanted)
+            deadline = time.monotonic() + self.replay_timeout_ms / 1000
+            while remaining:
+                if time.monotonic() > deadline:
+                    missing = {p: f"{consumer.position(tps[p])}..{stop}" for p, (_, stop) in remaining.items()}
+                    raise KafkaSourceError(
+                        f"replay of {self.topic!r} offsets {start} → {end} incomplete after "
+                        f"{self.replay_timeout_ms} ms; still missing {missing} (deleted by retention, "
+                        "or a different broker?)")
+                polled = consumer.poll(timeout_ms=max(self.poll_timeout_ms, 100))
+                for batch in polled.values():
+                    for record in batch:
+                        stop = wanted[record.partition][1]
+                        if record.offset < stop:
+                            records.append(record)
+                for p in list(remaining):
+                    if consumer.position(tps[p]) >= remaining[p][1]:
+                        del remaining[p]
+                        consumer.pause(tps[p])
+        finally:
+            consumer.close()
+        records.sort(key=lambda r: (r.partition, r.offset))
+        return iter([_records_to_batch(records, _ARROW_SCHEMA)]) if records else iter([])
+
+    def commit(self, end: Offsets) -> None:
+        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+_ARROW_SCHEMA = arrow_schema(KAFKA_RECORD)

@@ -1,0 +1,281 @@
+"""The foreachBatch sink: route one micro-batch, emit to Kafka, commit to Delta.
+
+Per batch, :class:`CommandSink` runs the pure transforms of
+:mod:`streaming.routing` and then, in this order:
+
+1. **emits** one ``Deliver`` per new delivery and one ``Acked`` per ACK to
+   ``smqp.deliveries`` (key = subscriber account) — sent asynchronously,
+   before the Delta commit, for latency; a replayed batch re-emits and
+   gateways deduplicate by (account, smuid);
+2. **commits** ``messages`` (append), ``deliveries`` (merge on account, smuid)
+   and finally ``subscriptions`` (merge on account, pattern) with delta-rs.
+   Every commit carries the Delta app transaction ``(f"{query}:{table}",
+   batch_id)`` and a table whose recorded version is already ≥ ``batch_id``
+   is skipped, so a replayed batch never duplicates a row (DESIGN Property 4).
+   ``subscriptions`` goes last and is read at the start of each batch: when it
+   already holds this batch, every table does and the batch is skipped whole;
+   otherwise it still holds the state *before* this batch, so a replay routes
+   exactly as the first attempt did;
+3. **announces** ``Progress`` (commands partition → next offset) to every
+   deliveries partition, *after* the commit, so it always means "committed";
+4. flushes the producer and fails the batch if any send failed.
+
+ACKs for deliveries this job never routed are ignored in Delta (no row is
+created) but still answered with ``Acked``: the ACK itself is durable in
+``smqp.commands``, and there is nothing left to redeliver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, StructField, StructType
+
+from schemas.config import SMQPConfig
+from schemas.spark import DELIVERIES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, arrow_schema
+from streaming import routing
+
+log = logging.getLogger(__name__)
+
+
+def _commit(app_id: str, batch_id: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+
+
+def _to_table(arrow: pa.Table, name: str) -> pa.Table:
+    """Spark's Arrow output, cast to the table's declared Arrow schema."""
+    schema = arrow_schema(TABLES[name])
+    return arrow.select(schema.names).cast(schema)
+
+
+def _nullable(kind: DataType) -> DataType:
+    """``kind`` with every nested field nullable (so outputs can share one unioned frame)."""
+    if isinstance(kind, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
+    if isinstance(kind, ArrayType):
+        return ArrayType(_nullable(kind.elementType), True)
+    return kind
+
+
+def _by_seq(records: pa.Table) -> pa.Table:
+    """Kafka records in the order of the commands they answer."""
+    seq = records.column("seq").combine_chunks() if records.num_rows else None
+    if seq is None:
+        return records
+    keys = pa.table({name: seq.field(name) for name in ("timestamp", "partition", "offset")})
+    order = pc.sort_indices(keys, sort_keys=[("timestamp", "ascending"), ("partition", "ascending"),
+                                             ("offset", "ascending")])
+    return records.take(order)
+
+
+class CommandSink:
+    """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one KafkaProducer.
+
+    ``close()`` flushes and closes the producer; call it after the query stops.
+    """
+
+    def __init__(self, config: SMQPConfig):
+        self.config = config
+        self.query_name = config.streaming.query_name
+        self._producer = None
+
+    # -- helpers
+
+    def app_id(self, table: str) -> str:
+        """The Delta app-transaction id for ``table``: ``"<query name>:<table>"``."""
+        return f"{self.query_name}:{table}"
+
+    def committed_version(self, table: str) -> int | None:
+        """The last batch id committed to ``table`` by this query (None: never)."""
+        path = self.config.table_path(table)
+        if not DeltaTable.is_deltatable(path):
+            return None
+        return DeltaTable(path).transaction_version(self.app_id(table))
+
+    def _done(self, table: str, batch_id: int) -> bool:
+        version = self.committed_version(table)
+        return version is not None and version >= batch_id
+
+    def _table(self, name: str) -> DeltaTable:
+        path = self.config.table_path(name)
+        if not DeltaTable.is_deltatable(path):
+            DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name)
+        return DeltaTable(path)
+
+    def producer(self):
+        """The long-lived producer (acks=all), created on first use."""
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.config.kafka.bootstrap,
+                acks="all",
+                linger_ms=self.config.kafka.linger_ms,
+                client_id=f"{self.query_name}-sink",
+            )
+        return self._producer
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(timeout=30)
+            self._producer.close(timeout=30)
+            self._producer = None
+
+    def current_subscriptions(self, spark: SparkSession) -> DataFrame:
+        """Active rows of the ``subscriptions`` Delta table, as a Spark frame."""
+        path = self.config.table_path("subscriptions")
+        schema = arrow_schema(SUBSCRIPTIONS_TABLE)
+        if DeltaTable.is_deltatable(path):
+            arrow = DeltaTable(path).to_pyarrow_table(filters=[("active", "=", True)])
+            arrow = arrow.select(schema.names).cast(schema)
+        else:
+            arrow = schema.empty_table()
+        return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)
+
+    # -- the batch
+
+    def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime) -> dict[str, pa.Table]:
+        """Every output of one batch, computed by the routing transforms in **one** Spark job.
+
+        Spark pays a fixed cost per job and per stage that dwarfs the work of a
+        micro-batch, so the frames are unioned (one struct column per output,
+        tagged by ``kind``), collected once as Arrow and split here; shared
+        sub-plans run once (exchange reuse).
+        """
+        spark = batch_df.sparkSession
+        # One scan of the source: every branch below would otherwise re-read it.
+        batch_df = spark.createDataFrame(batch_df.toArrow(), schema=batch_df.schema)
+        events = routing.parse_commands(batch_df)
+        intervals = routing.subscription_intervals(self.current_subscriptions(spark), events)
+        deliveries = routing.route(events, intervals)
+        acks = routing.extract_acks(events)
+        frames = {
+            "progress": batch_df.groupBy("partition").agg(
+                (F.max("offset") + 1).alias("end"), F.count(F.lit(1)).alias("records")),
+            "deliver": routing.deliver_records(deliveries),
+            "acked": routing.acked_records(acks),
+            "messages": routing.message_rows(events, batch_id),
+            "deliveries": routing.delivery_updates(deliveries, acks, batch_id, routed_at),
+            "subscriptions": routing.subscription_state(intervals, batch_id),
+        }
+        types = {kind: _nullable(frame.schema) for kind, frame in frames.items()}
+        parts = [
+            frame.select(F.lit(kind).alias("kind"), *[
+                (F.struct(*frame.columns) if other == kind else F.lit(None)).cast(types[other]).alias(other)
+                for other in frames])
+            for kind, frame in frames.items()
+        ]
+        combined = parts[0]
+        for part in parts[1:]:
+            combined = combined.unionByName(part)
+        arrow = combined.toArrow()
+        out = {}
+        for kind in frames:
+            column = arrow.filter(pc.equal(arrow.column("kind"), kind)).column(kind)
+            out[kind] = pa.Table.from_batches(
+                [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
+                schema=pa.schema(list(column.type)))
+        return out
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        if self._done("subscriptions", batch_id):
+            log.info("batch %d: already committed, skipped", batch_id)
+            return
+        out = self.outputs(batch_df, batch_id, datetime.now(timezone.utc))
+        computed = time.monotonic()
+        progress = out["progress"].to_pylist()
+        if not progress:
+            return
+        futures = self._emit(_by_seq(out["deliver"])) + self._emit(_by_seq(out["acked"]))
+        self._commit_messages(out["messages"], batch_id)
+        self._commit_deliveries(out["deliveries"], batch_id)
+        self._commit_subscriptions(out["subscriptions"], batch_id)
+        committed = time.monotonic()
+        futures += self._progress({str(r["partition"]): r["end"] for r in progress})
+        self._flush(futures)
+        done = time.monotonic()
+        log.info("batch %d: %d records in, %d deliveries, %d acks, %d ms (spark %d, delta %d)",
+                 batch_id, sum(r["records"] for r in progress), out["deliver"].num_rows,
+                 out["acked"].num_rows, (done - started) * 1000, (computed - started) * 1000,
+                 (committed - computed) * 1000)
+
+    # -- Kafka
+
+    def _emit(self, records: pa.Table) -> list:
+        producer = self.producer()
+        topic = self.config.kafka.deliveries_topic
+        return [producer.send(topic, key=key, value=value.encode())
+                for key, value in zip(records.column("key").to_pylist(), records.column("value").to_pylist())]
+
+    def _progress(self, offsets: dict[str, int]) -> list:
+        producer = self.producer()
+        topic = self.config.kafka.deliveries_topic
+        value = json.dumps({"type": "progress", "commands_offsets": offsets}, separators=(",", ":")).encode()
+        partitions = sorted(producer.partitions_for(topic)) or [0]
+        return [producer.send(topic, value=value, partition=p) for p in partitions]
+
+    def _flush(self, futures: list) -> None:
+        self.producer().flush(timeout=30)
+        failed = [f.exception for f in futures if not f.is_done or f.failed()]
+        if failed:
+            raise RuntimeError(f"{len(failed)} record(s) to {self.config.kafka.deliveries_topic!r} "
+                               f"not acknowledged: {failed[0]!r}")
+
+    # -- Delta
+
+    def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
+        if self._done("messages", batch_id):
+            return
+        rows = _to_table(arrow, "messages")
+        if rows.num_rows:
+            write_deltalake(self._table("messages"), rows, mode="append",
+                            commit_properties=_commit(self.app_id("messages"), batch_id))
+
+    def _commit_deliveries(self, arrow: pa.Table, batch_id: int) -> None:
+        if self._done("deliveries", batch_id):
+            return
+        if not arrow.num_rows:
+            return
+        source = _to_table(arrow, "deliveries").append_column("is_new", arrow.column("is_new"))
+        smuids = source.column("smuid")
+        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        columns = DELIVERIES_TABLE.fieldNames()
+        (
+            self._table("deliveries").merge(
+                source,
+                predicate=(f"t.account = s.account AND t.smuid = s.smuid "
+                           f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id("deliveries"), batch_id),
+            )
+            .when_matched_update(
+                updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
+                predicate="s.status = 'acked' AND t.status <> 'acked'",
+            )
+            .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
+            .execute()
+        )
+
+    def _commit_subscriptions(self, arrow: pa.Table, batch_id: int) -> None:
+        rows = _to_table(arrow, "subscriptions")
+        if not rows.num_rows:
+            return
+        (
+            self._table("subscriptions").merge(
+                rows, predicate="t.account = s.account AND t.pattern = s.pattern",
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id("subscriptions"), batch_id),
+            )
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )

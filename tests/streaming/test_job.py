@@ -1,0 +1,181 @@
+"""The whole job: real broker, real Spark, Delta tables on disk."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from deltalake import DeltaTable
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from deploy.broker import create_topics
+from schemas import events as ev
+from schemas.config import load_config
+from schemas.spark import KAFKA_RECORD
+from streaming.job import build_query, main
+from streaming.sink import CommandSink
+
+pytestmark = pytest.mark.e2e
+
+T0 = 1_700_000_000_000_000  # accepted_at, microseconds
+
+
+@pytest.fixture
+def config(broker, tmp_path):
+    uid = uuid.uuid4().hex[:8]
+    cfg = load_config(env={}, data_dir=str(tmp_path), kafka={
+        "bootstrap": broker.bootstrap, "commands_topic": f"cmd-{uid}", "deliveries_topic": f"dlv-{uid}",
+    }, streaming={"query_name": f"router-{uid}"})
+    create_topics(cfg.kafka)
+    return cfg
+
+
+@pytest.fixture
+def sink(config):
+    s = CommandSink(config)
+    yield s
+    s.close()
+
+
+def produce(config, events) -> None:
+    producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
+    try:
+        futures = [producer.send(config.kafka.commands_topic, value=e.to_bytes()) for e in events]
+        producer.flush(timeout=30)
+        for f in futures:
+            f.get(timeout=30)
+    finally:
+        producer.close(timeout=10)
+
+
+def run_available_now(spark, config, sink) -> None:
+    query = build_query(spark, config, available_now=True, sink=sink)
+    try:
+        assert query.awaitTermination(120), "availableNow run did not finish in 120 s"
+        assert query.exception() is None
+    finally:
+        query.stop()
+
+
+def deliveries_topic(config, at_least: int, timeout: float = 30.0) -> list:
+    """Every event on the deliveries topic (waits until ``at_least`` arrived)."""
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None,
+                             enable_auto_commit=False)
+    try:
+        tp = TopicPartition(config.kafka.deliveries_topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        out, deadline = [], time.monotonic() + timeout
+        while True:
+            for batch in consumer.poll(timeout_ms=200).values():
+                out.extend((r.key, ev.decode(r.value)) for r in batch)
+            hw = consumer.highwater(tp)
+            if len(out) >= at_least and hw is not None and consumer.position(tp) >= hw:
+                return out
+            assert time.monotonic() < deadline, f"{len(out)} records on the deliveries topic, wanted {at_least}"
+    finally:
+        consumer.close()
+
+
+def table(config, name):
+    return DeltaTable(config.table_path(name)).to_pyarrow_table().to_pylist()
+
+
+def publishes(smuids, topic="/stocks/quotes/ibm"):
+    return [ev.Publish(s, topic, f"c{s}", "alice", "ga", T0 + s, priority=s % 3,
+                       headers=[("Subject", f"quote {s}")],
+                       sections=[ev.Section([("Content-Type", "text/plain")], f"IBM {s}".encode())])
+            for s in smuids]
+
+
+def expected_deliver(p: ev.Publish, account="bob") -> ev.Deliver:
+    return ev.Deliver(account, p.smuid, p.topic, p.cmuid, p.account, p.guid, p.accepted_at, p.priority,
+                      p.headers, p.sections)
+
+
+def test_route_commit_emit_then_acks_on_the_same_checkpoint(spark, config, sink):
+    pubs = publishes(range(1, 11))
+    produce(config, [ev.Subscribe("bob", "gb", "/stocks/*", T0)] + pubs)
+    run_available_now(spark, config, sink)
+
+    messages = table(config, "messages")
+    assert sorted(m["smuid"] for m in messages) == list(range(1, 11))
+    m1 = next(m for m in messages if m["smuid"] == 1)
+    assert m1["publisher"] == "alice" and m1["sections"][0]["data"] == "SUJNIDE="  # base64 of b"IBM 1"
+    assert m1["accepted_at"] == datetime.fromtimestamp((T0 + 1) / 1e6, timezone.utc)
+    deliveries = table(config, "deliveries")
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in deliveries) == [
+        ("bob", s, "pending") for s in range(1, 11)]
+    subs = table(config, "subscriptions")
+    assert [(s["account"], s["pattern"], s["guid"], s["active"]) for s in subs] == [
+        ("bob", "/stocks/*", "gb", True)]
+
+    out = deliveries_topic(config, at_least=11)
+    delivers = [(k, e) for k, e in out if isinstance(e, ev.Deliver)]
+    assert sorted(delivers, key=lambda ke: ke[1].smuid) == [(b"bob", expected_deliver(p)) for p in pubs]
+    progress = [e for _, e in out if isinstance(e, ev.Progress)]
+    assert progress and progress[-1].commands_offsets == {"0": 11}
+
+    produce(config, [ev.Ack("bob", "gb", s, T0 + 100 + s) for s in (2, 4, 6, 8)])
+    run_available_now(spark, config, sink)
+    deliveries = {d["smuid"]: d for d in table(config, "deliveries")}
+    assert sorted(s for s, d in deliveries.items() if d["status"] == "acked") == [2, 4, 6, 8]
+    assert sorted(s for s, d in deliveries.items() if d["status"] == "pending") == [1, 3, 5, 7, 9, 10]
+    assert deliveries[4]["acked_guid"] == "gb"
+    assert deliveries[4]["acked_at"] == datetime.fromtimestamp((T0 + 104) / 1e6, timezone.utc)
+    out = deliveries_topic(config, at_least=11 + 4 + 1)
+    assert sorted(e.smuid for _, e in out if isinstance(e, ev.Acked)) == [2, 4, 6, 8]
+    assert [e for _, e in out if isinstance(e, ev.Progress)][-1].commands_offsets == {"0": 15}
+    assert len(table(config, "messages")) == 10
+
+
+def batch_frame(spark, events, first_offset=0):
+    rows = [(None, e.to_bytes(), "cmd", 0, first_offset + i, datetime(2024, 1, 1, tzinfo=timezone.utc), 0)
+            for i, e in enumerate(events)]
+    return spark.createDataFrame(rows, KAFKA_RECORD)
+
+
+def test_sink_replay_of_a_batch_never_duplicates_rows(spark, config, sink):
+    first = batch_frame(spark, [ev.Subscribe("bob", "gb", "/t/*", T0)] + publishes(range(1, 6), "/t/x"))
+    sink(first, 0)
+    sink(first, 0)  # replay: subscriptions already hold batch 0 → skipped whole
+    second = batch_frame(spark, publishes(range(6, 9), "/t/x") + [ev.Ack("bob", "gb", 1, T0 + 50)], 6)
+    sink(second, 1)
+    sink(second, 1)  # replay with no subscription change: skipped table by table
+    assert sorted(m["smuid"] for m in table(config, "messages")) == list(range(1, 9))
+    rows = table(config, "deliveries")
+    assert sorted((d["smuid"], d["status"]) for d in rows) == [(1, "acked")] + [(s, "pending") for s in range(2, 9)]
+    assert len(table(config, "subscriptions")) == 1
+    for name in ("messages", "deliveries"):
+        assert sink.committed_version(name) == 1
+    assert sink.committed_version("subscriptions") == 0
+
+
+def test_batch_failing_midway_is_completed_by_its_replay(spark, config, sink, monkeypatch):
+    frame = batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0)] + publishes(range(1, 4), "/t")
+                        + [ev.Ack("bob", "gb", 2, T0 + 9), ev.Ack("nobody", "gx", 77, T0 + 9)])
+    real = CommandSink._commit_subscriptions
+
+    def crash(self, frame, batch_id):
+        raise RuntimeError("crash before the subscriptions commit")
+
+    monkeypatch.setattr(CommandSink, "_commit_subscriptions", crash)
+    with pytest.raises(RuntimeError, match="crash"):
+        sink(frame, 3)
+    monkeypatch.setattr(CommandSink, "_commit_subscriptions", real)
+    sink(frame, 3)
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3]
+    # an ACK in the same batch as its delivery ends acked; one for an unknown delivery adds no row
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("bob", 1, "pending"), ("bob", 2, "acked"), ("bob", 3, "pending")]
+    assert [(s["account"], s["active"]) for s in table(config, "subscriptions")] == [("bob", True)]
+
+
+def test_main_help_explains_the_job(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--config" in text and "Delta" in text and "SIGTERM" in text

@@ -1,0 +1,320 @@
+"""The routing transforms on literal frames (chispa whole-frame comparisons)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from chispa import assert_df_equality
+
+from schemas import events as ev
+from schemas.spark import DELIVERIES_TABLE, KAFKA_RECORD, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE
+from schemas.topics import parse_pattern
+from streaming import routing
+from streaming.routing import ACKS, DELIVERIES, EVENTS, INTERVALS, KAFKA_OUT
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StructField, StructType
+
+T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+US0 = int(T0.timestamp() * 1_000_000)
+
+
+def ts(offset: int) -> datetime:
+    return T0 + timedelta(milliseconds=offset)
+
+
+def at(offset: int) -> int:
+    """accepted_at (microseconds) of the event at ``offset``."""
+    return US0 + offset * 1000
+
+
+def seq(offset: int, partition: int = 0) -> tuple:
+    return (ts(offset), partition, offset)
+
+
+def make_seq(offset: int):
+    """A collected ``seq`` value (naive UTC datetime, as Spark returns it)."""
+    from pyspark.sql import Row
+
+    return Row(timestamp=ts(offset).replace(tzinfo=None), partition=0, offset=offset)
+
+
+def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
+          cmuid=None, priority=None, headers=None, sections=None) -> tuple:
+    """One EVENTS row (field order of routing.EVENTS)."""
+    return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset), priority, headers, sections,
+            seq(offset), 0, offset)
+
+
+def publish(offset, smuid, topic, account="pub", **kw):
+    return event("publish", offset, smuid=smuid, topic=topic, account=account, cmuid=f"c{smuid}",
+                 priority=kw.pop("priority", 0), headers=kw.pop("headers", []),
+                 sections=kw.pop("sections", []), **kw)
+
+
+def subscribe(offset, account, pattern, guid="g"):
+    return event("subscribe", offset, account=account, pattern=pattern, guid=guid)
+
+
+def unsubscribe(offset, account, pattern, guid="g"):
+    return event("unsubscribe", offset, account=account, pattern=pattern, guid=guid)
+
+
+def ack(offset, account, smuid, guid="g"):
+    return event("ack", offset, account=account, smuid=smuid, guid=guid)
+
+
+def sub_row(account, pattern, guid="g0", active=True, batch_id=0):
+    return (account, pattern, guid, active, T0 - timedelta(days=1), None, batch_id)
+
+
+def delivery(account, smuid, topic, offset, publisher="pub", priority=0):
+    return (account, smuid, topic, f"c{smuid}", publisher, "g", at(offset), priority, [], [], seq(offset))
+
+
+@pytest.fixture
+def frames(spark):
+    """Builders for the frames under test."""
+
+    class Frames:
+        @staticmethod
+        def events(*rows):
+            return spark.createDataFrame(list(rows), EVENTS)
+
+        @staticmethod
+        def subs(*rows):
+            return spark.createDataFrame(list(rows), SUBSCRIPTIONS_TABLE)
+
+        @staticmethod
+        def deliveries(*rows):
+            return spark.createDataFrame(list(rows), DELIVERIES)
+
+        @staticmethod
+        def of(schema, *rows):
+            return spark.createDataFrame(list(rows), schema)
+
+    return Frames
+
+
+def routed(frames, current, *events):
+    evts = frames.events(*events)
+    return routing.route(evts, routing.subscription_intervals(frames.subs(*current), evts))
+
+
+# -- parse_commands
+
+
+def test_parse_commands_reads_every_command_type_and_drops_bad_records(spark, frames):
+    section = ev.Section([("Content-Type", "text/plain")], b"\x00hello")
+    records = [
+        ev.Publish(7, "/stocks/quotes/ibm", "c1", "alice", "ga", at(0), 3, [("Subject", "IBM")], [section]),
+        ev.Subscribe("bob", "gb", "/stocks/*", at(1)),
+        ev.Unsubscribe("bob", "gb", "/stocks/*", at(2)),
+        ev.Ack("bob", "gb", 7, at(3)),
+    ]
+    raw = [(None, r.to_bytes(), "cmd", 0, i, ts(i), 0) for i, r in enumerate(records)]
+    raw += [
+        (None, b"not json", "cmd", 0, 4, ts(4), 0),
+        (None, b'{"type":"explode","account":"x"}', "cmd", 0, 5, ts(5), 0),
+        (None, b'{"type":"publish","account":"x"}', "cmd", 0, 6, ts(6), 0),  # no smuid/topic
+    ]
+    actual = routing.parse_commands(frames.of(KAFKA_RECORD, *raw))
+    expected = frames.events(
+        ("publish", 7, "/stocks/quotes/ibm", "c1", "alice", "ga", None, at(0), 3, [["Subject", "IBM"]],
+         [([["Content-Type", "text/plain"]], "AGhlbGxv")], seq(0), 0, 0),
+        ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, seq(1), 0, 1),
+        ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, seq(2), 0, 2),
+        ("ack", 7, None, None, "bob", "gb", None, at(3), None, None, None, seq(3), 0, 3),
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+# -- matching
+
+
+@pytest.mark.parametrize("topic", ["/a", "/a/b", "/a/b/c", "/ab/x", "/stocks/quotes/ibm"])
+def test_candidate_patterns_agree_with_topic_pattern(spark, topic):
+    patterns = ["/a", "/a/*", "/a/b", "/a/b/*", "/a/b/c", "/a/b/c/*", "/ab/*", "/stocks/*",
+                "/stocks/quotes/*", "/stocks/quotes/ibm", "/stocks"]
+    got = spark.createDataFrame([(topic,)], "topic string").select(
+        routing.candidate_patterns(F.col("topic")).alias("c")).first()["c"]
+    assert sorted(p for p in patterns if p in got) == sorted(
+        p for p in patterns if parse_pattern(p).matches(topic))
+
+
+def test_exact_and_wildcard_routing(frames):
+    actual = routed(
+        frames,
+        [sub_row("bob", "/stocks/*"), sub_row("alice", "/stocks/quotes/ibm"),
+         sub_row("carol", "/stocks/quotes"), sub_row("dave", "/stocks/quotes/ibm/*"),
+         sub_row("erin", "/stocks/*", active=False)],
+        publish(1, 100, "/stocks/quotes/ibm"),
+        publish(2, 101, "/stocks/quotes"),
+    )
+    expected = frames.deliveries(
+        delivery("bob", 100, "/stocks/quotes/ibm", 1),
+        delivery("alice", 100, "/stocks/quotes/ibm", 1),
+        delivery("bob", 101, "/stocks/quotes", 2),
+        delivery("carol", 101, "/stocks/quotes", 2),
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_wildcard_a_does_not_match_ab(frames):
+    actual = routed(frames, [sub_row("bob", "/a/*")],
+                    publish(1, 1, "/ab/x"), publish(2, 2, "/a/x"), publish(3, 3, "/a"))
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 2, "/a/x", 2)), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_publish_carries_its_fields_into_the_delivery(frames):
+    sections = [([["Content-Type", "text/plain"]], "aGk=")]
+    actual = routed(frames, [sub_row("bob", "/t")],
+                    publish(1, 5, "/t", account="alice", priority=7, headers=[["A", "1"]], sections=sections))
+    expected = frames.deliveries(
+        ("bob", 5, "/t", "c5", "alice", "g", at(1), 7, [["A", "1"]], sections, seq(1)))
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+# -- ordering within a batch
+
+
+def test_subscribe_after_publish_in_same_batch_does_not_see_it(frames):
+    actual = routed(frames, [],
+                    publish(1, 1, "/news/x"), subscribe(2, "bob", "/news/*"), publish(3, 2, "/news/y"))
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 2, "/news/y", 3)), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_unsubscribe_before_publish_in_same_batch(frames):
+    actual = routed(frames, [sub_row("bob", "/news/*")],
+                    publish(1, 1, "/news/x"), unsubscribe(2, "bob", "/news/*"), publish(3, 2, "/news/y"))
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 1, "/news/x", 1)), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_resubscribe_after_unsubscribe_opens_a_new_interval(frames):
+    evts = frames.events(
+        unsubscribe(1, "bob", "/n/*"), publish(2, 1, "/n/x"), subscribe(3, "bob", "/n/*", guid="g2"),
+        publish(4, 2, "/n/x"), subscribe(5, "bob", "/n/*", guid="g3"),  # already subscribed: no-op
+    )
+    intervals = routing.subscription_intervals(frames.subs(sub_row("bob", "/n/*")), evts)
+    expected = frames.of(
+        INTERVALS,
+        ("bob", "/n/*", "g0", T0 - timedelta(days=1), None, seq(1), ts(1)),
+        ("bob", "/n/*", "g2", ts(3), seq(3), None, None),
+    )
+    assert_df_equality(intervals, expected, ignore_row_order=True, ignore_nullable=True)
+    assert_df_equality(routing.route(evts, intervals), frames.deliveries(delivery("bob", 2, "/n/x", 4)),
+                       ignore_row_order=True, ignore_nullable=True)
+    state = routing.subscription_state(intervals, batch_id=9)
+    assert_df_equality(state, frames.of(SUBSCRIPTIONS_TABLE, ("bob", "/n/*", "g2", True, ts(3), None, 9)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+def test_overlapping_patterns_deliver_once(frames):
+    actual = routed(
+        frames,
+        [sub_row("bob", "/stocks/*"), sub_row("bob", "/stocks/quotes/*")],
+        subscribe(1, "bob", "/stocks/quotes/ibm"),
+        publish(2, 1, "/stocks/quotes/ibm"),
+    )
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 1, "/stocks/quotes/ibm", 2)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+def test_duplicate_publish_in_batch_counts_once(frames):
+    actual = routed(frames, [sub_row("bob", "/t")], publish(1, 1, "/t"), publish(2, 1, "/t"))
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 1, "/t", 1)), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_unsubscribe_wildcard_ends_narrower_subscriptions(frames):
+    current = [sub_row("bob", "/a/x"), sub_row("bob", "/a/x/*"), sub_row("bob", "/a/*"),
+               sub_row("bob", "/ab/y"), sub_row("alice", "/a/x")]
+    evts = frames.events(unsubscribe(1, "bob", "/a/*"), publish(2, 1, "/a/x"), publish(3, 2, "/ab/y"))
+    intervals = routing.subscription_intervals(frames.subs(*current), evts)
+    assert_df_equality(
+        routing.route(evts, intervals),
+        frames.deliveries(delivery("alice", 1, "/a/x", 2), delivery("bob", 2, "/ab/y", 3)),
+        ignore_row_order=True, ignore_nullable=True,
+    )
+    ended = T0 - timedelta(days=1)
+    assert_df_equality(
+        routing.subscription_state(intervals, batch_id=4),
+        frames.of(SUBSCRIPTIONS_TABLE,
+                  ("bob", "/a/x", "g0", False, ended, ts(1), 4),
+                  ("bob", "/a/x/*", "g0", False, ended, ts(1), 4),
+                  ("bob", "/a/*", "g0", False, ended, ts(1), 4)),
+        ignore_row_order=True, ignore_nullable=True,
+    )
+
+
+def test_exact_unsubscribe_does_not_end_wildcard(frames):
+    evts = frames.events(unsubscribe(1, "bob", "/a/x"), publish(2, 1, "/a/x"))
+    actual = routing.route(evts, routing.subscription_intervals(frames.subs(sub_row("bob", "/a/x/*"),
+                                                                            sub_row("bob", "/a/*")), evts))
+    assert_df_equality(actual, frames.deliveries(delivery("bob", 1, "/a/x", 2)), ignore_row_order=True, ignore_nullable=True)
+
+
+def test_subscription_state_of_new_subscription(frames):
+    evts = frames.events(subscribe(1, "bob", "/x", guid="gb"), subscribe(2, "eve", "/y"),
+                         unsubscribe(3, "eve", "/y"))
+    state = routing.subscription_state(routing.subscription_intervals(frames.subs(), evts), batch_id=1)
+    assert_df_equality(state, frames.of(SUBSCRIPTIONS_TABLE,
+                                        ("bob", "/x", "gb", True, ts(1), None, 1),
+                                        ("eve", "/y", "g", False, ts(2), ts(3), 1)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+# -- acks and Delta rows
+
+
+def test_extract_acks_keeps_first_per_account_and_smuid(frames):
+    evts = frames.events(ack(1, "bob", 10, guid="g1"), ack(2, "bob", 10, guid="g2"),
+                         ack(3, "alice", 10), publish(4, 11, "/t"), subscribe(5, "bob", "/t"))
+    expected = frames.of(ACKS, ("bob", 10, ts(1), "g1", seq(1)), ("alice", 10, ts(3), "g", seq(3)))
+    assert_df_equality(routing.extract_acks(evts), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(frames):
+    routed_at = T0 + timedelta(hours=1)
+    deliveries = frames.deliveries(delivery("bob", 1, "/t", 1, priority=2), delivery("bob", 2, "/t", 2))
+    acks = frames.of(ACKS, ("bob", 1, ts(3), "ga", seq(3)), ("bob", 99, ts(4), "gb", seq(4)))
+    schema = StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), False)])
+    expected = frames.of(
+        schema,
+        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", True),
+        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, True),
+        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", False),
+    )
+    actual = routing.delivery_updates(deliveries, acks, 5, routed_at)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_message_rows(frames):
+    evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3))
+    assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+# -- records for smqp.deliveries
+
+
+def test_deliver_records_decode_to_equal_deliver_events(frames):
+    sections = [([["Content-Type", "text/plain"]], "AGhp")]
+    deliveries = frames.deliveries(
+        ("bob", 5, "/t", "c5", "alice", "ga", at(1), 7, [["A", "1"], ["B", "2"]], sections, seq(1)),
+        ("carol", 6, "/t", "c6", "alice", "ga", at(2), None, None, None, seq(2)),
+    )
+    records = routing.deliver_records(deliveries)
+    assert records.schema == KAFKA_OUT
+    rows = sorted(records.collect(), key=lambda r: r["seq"])
+    assert [(r["key"], r["seq"]) for r in rows] == [(b"bob", make_seq(1)), (b"carol", make_seq(2))]
+    assert [ev.decode(r["value"]) for r in rows] == [
+        ev.Deliver("bob", 5, "/t", "c5", "alice", "ga", at(1), 7, [("A", "1"), ("B", "2")],
+                   [ev.Section([("Content-Type", "text/plain")], b"\x00hi")]),
+        ev.Deliver("carol", 6, "/t", "c6", "alice", "ga", at(2)),
+    ]
+
+
+def test_acked_records(frames):
+    rows = routing.acked_records(frames.of(ACKS, ("bob", 10, ts(1), "g1", seq(1)))).collect()
+    assert [(r["key"], ev.decode(r["value"])) for r in rows] == [(b"bob", ev.Acked("bob", 10))]
+    assert routing.acked_records(frames.of(ACKS)).schema == KAFKA_OUT
