@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="listen port (overrides [gateway] port)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is per-connection chatter
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is per-connection chatter
     config = load_config(args.config)
     log.info("commands %s → deliveries %s on %s", config.kafka.commands_topic,
              config.kafka.deliveries_topic, config.kafka.bootstrap)

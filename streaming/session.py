@@ -31,6 +31,12 @@ def build_session(config: StreamingConfig, app_name: str) -> SparkSession:
         .config("spark.driver.memory", "1g")
         .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -Xss4m")
         .config("spark.sql.streaming.metricsEnabled", "false")
+        # Micro-batches here are small and every batch is a new plan: compiling
+        # generated code costs more than it saves, and so does adaptive
+        # re-planning.  Measured on a 600-command batch: ~2.0 s → ~1.1 s.
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.codegen.wholeStage", "false")
+        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

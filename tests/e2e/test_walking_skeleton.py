@@ -124,3 +124,39 @@ def test_streaming_job_restart_loses_and_duplicates_nothing(broker, spark, tmp_p
             assert wait_for_acked(config, 150) == (150, 150, 150)
     finally:
         router.stop()
+
+
+def test_gateway_restart_never_renotifies_an_acknowledged_message(broker, spark, tmp_path):
+    """Property 3 across a gateway restart: the new gateway rebuilds its book from the
+    deliveries topic plus the ACKs the job has not processed yet, so the 40 messages
+    acknowledged before the restart never come again and the other 60 all do."""
+    config = stack_config(broker, tmp_path, ACCOUNTS)
+    with Router(spark, config):
+        with GatewayThread(config) as gateway:
+            host, port = gateway.address
+
+            async def before():
+                bob = await subscriber(host, port)
+                await bob.subscribe("/stocks/*")
+                published = await publish(host, port, 100, 0)
+                acked = []
+                for _ in range(40):
+                    note = await bob.next_notification(90)
+                    await note.ack()
+                    acked.append(note.smuid)
+                await bob.close()  # no QUIT: the gateway goes down under it
+                return published, acked
+
+            published, acked = asyncio.run(before())
+        assert acked == published[:40]
+        with GatewayThread(config) as gateway:
+            host, port = gateway.address
+
+            async def after():
+                bob = await subscriber(host, port)
+                got = await receive(bob, 60)
+                await bob.quit()
+                return got
+
+            assert asyncio.run(after()) == published[40:]
+        assert wait_for_acked(config, 100) == (100, 100, 100)
