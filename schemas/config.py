@@ -23,7 +23,7 @@ class KafkaConfig:
     deliveries_topic: str = "smqp.deliveries"
     commands_partitions: int = 1
     deliveries_partitions: int = 1
-    linger_ms: int = 0  # latency first: the two-phase ACK waits on every append
+    linger_ms: int = 1
 
 
 @dataclass(frozen=True)
