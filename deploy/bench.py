@@ -32,8 +32,8 @@ from gateway.client import SMQPClient
 from schemas.config import load_config
 
 BODY_SIZE = 200
-# Separate accounts: the logins of one account share its queue, so a publisher
-# logged in as the subscriber would be handed (and sit on) its notifications.
+# Separate accounts: every login of an account is sent its messages (spec section 3),
+# so publishers logged in as the subscriber would be sent copies too.
 PUBLISHER = ("benchpub", "bench-pub-pw")
 SUBSCRIBER = ("benchsub", "bench-sub-pw")
 

@@ -1,14 +1,21 @@
-"""What each account still has to be notified of, as this gateway knows it.
+"""What each account, and each login of it, still has to be notified of.
 
-Fed by the deliveries topic (``Deliver``, ``Acked``, ``Progress`` from the
-job) and by this gateway's own durable ACKs.  Plain data, no I/O.
+Plain data, no I/O.  Fed by the deliveries topic (``Deliver``, ``Acked``,
+``Progress`` from the job) and by this gateway's own durable ACKs.
+
+* :class:`DeliveryBook` — per account, the deliveries nobody has
+  acknowledged yet: what a login gets when it starts (Property 5).
+* :class:`NotifyQueue` — per login, what that login still has to be sent.
+  Spec section 3: an account logged in several times receives every message
+  at each login, so each login has its own queue; the first ``310 ACK``
+  settles the message for the account, the other logins still get their copy.
 
 Why acknowledged-but-unconfirmed smuids are remembered: the job emits
 ``Deliver`` before its Delta commit, so a job restart may replay a batch and
-emit a delivery the client has already acknowledged.  Until the job's
-``Acked`` for it arrives (always after any replay, on the same partition),
-such a delivery is ignored — this is what keeps Property 3 (never notified
-again after the two-phase ACK) across job restarts.
+emit a delivery that is already acknowledged.  Until the job's ``Acked`` for
+it arrives (always after any replay, on the same partition), such a delivery
+is ignored — this is what keeps Property 3 (never notified again after the
+two-phase ACK) across job restarts.
 """
 
 from __future__ import annotations
@@ -19,63 +26,68 @@ from collections import defaultdict
 from schemas.events import Acked, Deliver, Progress
 
 
+def _order(deliver: Deliver) -> tuple[int, int]:
+    """Higher priority first (2002 revision), then FIFO by smuid (acceptance order)."""
+    return -deliver.priority, deliver.smuid
+
+
+class NotifyQueue:
+    """One login's pending NOTIFYs, each smuid at most once."""
+
+    def __init__(self, delivers=()) -> None:
+        self._heap: list[tuple[tuple[int, int], Deliver]] = []
+        self._seen: set[int] = set()
+        for deliver in delivers:
+            self.push(deliver)
+
+    def push(self, deliver: Deliver) -> None:
+        if deliver.smuid not in self._seen:
+            self._seen.add(deliver.smuid)
+            heapq.heappush(self._heap, (_order(deliver), deliver))
+
+    def pop(self) -> Deliver | None:
+        return heapq.heappop(self._heap)[1] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
 class DeliveryBook:
-    """Pending deliveries per account, handed out highest priority first, then FIFO by smuid."""
+    """Per account: deliveries routed by the job and not yet acknowledged by any login."""
 
     def __init__(self) -> None:
         self._pending: dict[str, dict[int, Deliver]] = defaultdict(dict)
-        self._queue: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        self._in_flight: set[tuple[str, int]] = set()
         self._acked_unconfirmed: set[tuple[str, int]] = set()
         self.commands_offsets: dict[str, int] = {}
 
-    def apply(self, event) -> str | None:
-        """Apply one deliveries-topic event; returns the account that gained work, if any."""
+    def apply(self, event) -> Deliver | None:
+        """Apply one deliveries-topic event; returns a delivery that is new to this book."""
         if isinstance(event, Deliver):
-            return self._add(event)
+            key = (event.account, event.smuid)
+            pending = self._pending[event.account]
+            if key in self._acked_unconfirmed or event.smuid in pending:
+                return None
+            pending[event.smuid] = event
+            return event
         if isinstance(event, Acked):
-            self._forget(event.account, event.smuid)
+            self._pending[event.account].pop(event.smuid, None)
             self._acked_unconfirmed.discard((event.account, event.smuid))
         elif isinstance(event, Progress):
             self.commands_offsets.update(event.commands_offsets)
         return None
 
-    def _add(self, deliver: Deliver) -> str | None:
-        key = (deliver.account, deliver.smuid)
-        pending = self._pending[deliver.account]
-        if key in self._acked_unconfirmed or deliver.smuid in pending:
-            return None
-        pending[deliver.smuid] = deliver
-        heapq.heappush(self._queue[deliver.account], (-deliver.priority, deliver.smuid))
-        return deliver.account
-
-    def _forget(self, account: str, smuid: int) -> None:
-        self._pending[account].pop(smuid, None)
-        self._in_flight.discard((account, smuid))
-
     def acknowledged(self, account: str, smuid: int) -> None:
-        """The client's 310 ACK is durable in Kafka: never hand this one out again."""
-        self._forget(account, smuid)
-        self._acked_unconfirmed.add((account, smuid))
+        """A login's 310 ACK is durable in Kafka: logins that start from now on skip it.
 
-    def take(self, account: str) -> Deliver | None:
-        """The next delivery to NOTIFY for ``account``, now marked in flight."""
-        queue, pending = self._queue[account], self._pending[account]
-        while queue:
-            _, smuid = heapq.heappop(queue)
-            deliver = pending.get(smuid)
-            if deliver is not None and (account, smuid) not in self._in_flight:
-                self._in_flight.add((account, smuid))
-                return deliver
-        return None
+        Remembered until the job's ``Acked`` arrives; a delivery no longer pending
+        was settled already (by another login, or confirmed by the job).
+        """
+        if self._pending[account].pop(smuid, None) is not None:
+            self._acked_unconfirmed.add((account, smuid))
 
-    def release(self, account: str, smuid: int) -> None:
-        """A NOTIFY went unacknowledged (session gone): offer it again, in its place."""
-        if (account, smuid) in self._in_flight:
-            self._in_flight.discard((account, smuid))
-            deliver = self._pending[account].get(smuid)
-            if deliver is not None:
-                heapq.heappush(self._queue[account], (-deliver.priority, smuid))
+    def queue_for_login(self, account: str) -> NotifyQueue:
+        """A new login's queue: everything the account has not acknowledged yet."""
+        return NotifyQueue(self._pending.get(account, {}).values())
 
     def pending_count(self, account: str) -> int:
         return len(self._pending.get(account, ()))

@@ -6,8 +6,10 @@ into the session; the actions it returns are carried out here, in order:
 only once Kafka acknowledged it (Property 1), ``LoggedIn`` registers the
 connection for notifications, ``Close`` ends it.  Replies to pipelined
 commands leave in command order.  Notifications come from the deliveries
-topic through a :class:`gateway.book.DeliveryBook`: one NOTIFY in flight per
-connection, the next only after the server's ``310 ACK`` (spec 4.1.11.1).
+topic through a :class:`gateway.book.DeliveryBook`; each login has its own
+:class:`gateway.book.NotifyQueue` (spec section 3: every login of an account
+receives the messages), with one NOTIFY in flight, the next only after the
+server's ``310 ACK`` (spec 4.1.11.1).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from gateway.accounts import Accounts
-from gateway.book import DeliveryBook
+from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import DeliveriesTail, DurableLog, read_acks_since
 from gateway.protocol import Close, Durable, LoggedIn, Send, Session
@@ -48,6 +50,7 @@ class Connection:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.unsettled = 0  # durable appends not yet answered
         self.settled = asyncio.Event()
+        self.queue = NotifyQueue()  # filled at LOGIN from the account's pending deliveries
         self.in_flight: int | None = None  # smuid of the NOTIFY awaiting the client's 310 ACK
         self.acking = False  # the client's 310 ACK is being made durable
         self.closing = False
@@ -124,7 +127,7 @@ class Connection:
         self.acking = False
         self.in_flight = None
         self.gateway.book.acknowledged(ack.account, ack.smuid)
-        self.gateway.dispatch(ack.account)
+        self.send_next()
 
     async def _write_loop(self) -> None:
         while (item := await self.outbox.get()) is not None:
@@ -144,14 +147,14 @@ class Connection:
         with contextlib.suppress(ConnectionError):
             await self.writer.drain()
 
-    def notify(self, deliver) -> None:
-        """Send one NOTIFY MESSAGE; the next waits for its two-phase ACK."""
-        self.in_flight = deliver.smuid
-        self.outbox.put_nowait(self.session.notify(deliver))
-
-    @property
-    def can_notify(self) -> bool:
-        return not self.closing and self.in_flight is None and not self.acking
+    def send_next(self) -> None:
+        """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK."""
+        if self.closing or self.in_flight is not None or self.acking:
+            return
+        deliver = self.queue.pop()
+        if deliver is not None:
+            self.in_flight = deliver.smuid
+            self.outbox.put_nowait(self.session.notify(deliver))
 
 
 @dataclass
@@ -206,31 +209,22 @@ class Gateway:
             self.connections.discard(connection)
 
     def _on_deliveries(self, events: list) -> None:
-        touched = {account for account in map(self.book.apply, events) if account}
-        for account in touched:
-            self.dispatch(account)
+        for deliver in filter(None, map(self.book.apply, events)):
+            for connection in self.sessions.get(deliver.account, ()):
+                connection.queue.push(deliver)
+                connection.send_next()
 
     def register(self, connection: Connection) -> None:
-        self.sessions[connection.session.account].append(connection)
-        self.dispatch(connection.session.account)
+        account = connection.session.account
+        connection.queue = self.book.queue_for_login(account)
+        self.sessions[account].append(connection)
+        connection.send_next()
 
     def unregister(self, connection: Connection) -> None:
+        """A login ended; whatever it left unacknowledged stays pending for the account."""
         account = connection.session.account
         if account and connection in self.sessions.get(account, ()):
             self.sessions[account].remove(connection)
-            if connection.in_flight is not None:  # never acknowledged: offer it again
-                self.book.release(account, connection.in_flight)
-                connection.in_flight = None
-            self.dispatch(account)
-
-    def dispatch(self, account: str) -> None:
-        """Hand the account's next pending deliveries to its idle connections."""
-        for connection in self.sessions.get(account, ()):
-            if connection.can_notify:
-                deliver = self.book.take(account)
-                if deliver is None:
-                    return
-                connection.notify(deliver)
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""

@@ -160,3 +160,27 @@ def test_gateway_restart_never_renotifies_an_acknowledged_message(broker, spark,
 
             assert asyncio.run(after()) == published[40:]
         assert wait_for_acked(config, 100) == (100, 100, 100)
+
+
+def test_every_login_of_an_account_receives_the_messages(broker, spark, tmp_path):
+    """Spec section 3: the same account logged in twice gets every message at each login,
+    and a login that never acknowledges (here: the publisher itself, logged in as bob)
+    holds up no other login."""
+    config = stack_config(broker, tmp_path, ACCOUNTS)
+    with Router(spark, config), GatewayThread(config) as gateway:
+        host, port = gateway.address
+
+        async def scenario():
+            first, second = await subscriber(host, port), await subscriber(host, port)
+            await first.subscribe("/stocks/*")
+            async with await SMQPClient.connect(host, port) as bob_publishing:
+                await bob_publishing.login("bob", "bob-pw")
+                smuids = [await bob_publishing.publish(TOPIC, f"quote {i}".encode(), cmuid=f"A{i}")
+                          for i in range(20)]
+                got_first, got_second = await asyncio.gather(receive(first, 20), receive(second, 20))
+                assert got_first == got_second == smuids
+                assert (await bob_publishing.next_notification(30)).smuid == smuids[0]  # its own copy
+            await first.quit(), await second.quit()
+
+        asyncio.run(scenario())
+        assert wait_for_acked(config, 20) == (20, 20, 20)

@@ -1,6 +1,6 @@
-"""The gateway's delivery book: order, two-phase ACK bookkeeping, replays."""
+"""The gateway's delivery book and per-login queues: order, two-phase ACK bookkeeping, replays."""
 
-from gateway.book import DeliveryBook
+from gateway.book import DeliveryBook, NotifyQueue
 from schemas.events import Acked, Deliver, Progress
 
 
@@ -8,11 +8,12 @@ def deliver(smuid: int, priority: int = 0, account: str = "bob") -> Deliver:
     return Deliver(account, smuid, "/t", f"C{smuid}", "alice", "g", 0, priority)
 
 
-def drain(book: DeliveryBook, account: str = "bob") -> list[int]:
+def drain(queue: NotifyQueue, book: DeliveryBook | None = None) -> list[int]:
     taken = []
-    while (d := book.take(account)) is not None:
+    while (d := queue.pop()) is not None:
         taken.append(d.smuid)
-        book.acknowledged(account, d.smuid)
+        if book:
+            book.acknowledged(d.account, d.smuid)
     return taken
 
 
@@ -20,34 +21,46 @@ def test_higher_priority_first_then_fifo_by_smuid():
     book = DeliveryBook()
     for smuid, priority in ((5, 0), (3, 0), (9, 2), (4, 1), (7, 2)):
         book.apply(deliver(smuid, priority))
-    assert drain(book) == [7, 9, 4, 3, 5]
+    assert drain(book.queue_for_login("bob")) == [7, 9, 4, 3, 5]
 
 
-def test_in_flight_message_is_not_handed_out_twice_and_is_offered_again_after_release():
+def test_a_login_gets_what_the_account_has_not_acknowledged():
     book = DeliveryBook()
-    book.apply(deliver(1)), book.apply(deliver(2))
-    first = book.take("bob")
-    assert first.smuid == 1 and book.take("bob").smuid == 2
-    book.release("bob", 1)  # the connection went away before the ACK
-    assert book.take("bob").smuid == 1
+    for smuid in (1, 2, 3):
+        book.apply(deliver(smuid))
+    first_login = book.queue_for_login("bob")
+    assert first_login.pop().smuid == 1
+    book.acknowledged("bob", 1)
+    assert first_login.pop().smuid == 2  # connection closes before acknowledging 2
+    assert drain(book.queue_for_login("bob")) == [2, 3]
+
+
+def test_every_login_of_an_account_gets_its_own_copy():
+    book = DeliveryBook()
+    one, two = book.queue_for_login("bob"), book.queue_for_login("bob")
+    new = book.apply(deliver(1))
+    one.push(new), two.push(new)
+    assert drain(one, book) == [1] and drain(two, book) == [1]
+    assert book.queue_for_login("bob").pop() is None
 
 
 def test_replayed_delivery_of_an_acknowledged_message_is_ignored_until_the_job_confirms():
     book = DeliveryBook()
     book.apply(deliver(1))
-    book.take("bob")
     book.acknowledged("bob", 1)
     assert book.apply(deliver(1)) is None  # the job replayed its batch
-    assert book.take("bob") is None
+    assert book.queue_for_login("bob").pop() is None
     book.apply(Acked("bob", 1))
     assert book.pending_count("bob") == 0
 
 
-def test_duplicate_deliver_records_do_not_duplicate_notifications():
+def test_duplicate_deliver_records_and_pushes_do_not_duplicate_notifications():
     book = DeliveryBook()
-    assert book.apply(deliver(1)) == "bob"
+    assert book.apply(deliver(1)) is not None
     assert book.apply(deliver(1)) is None
-    assert drain(book) == [1]
+    queue = book.queue_for_login("bob")
+    queue.push(deliver(1))
+    assert drain(queue) == [1]
 
 
 def test_progress_records_the_jobs_command_offsets():
