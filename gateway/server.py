@@ -106,7 +106,7 @@ class Connection:
         if is_ack:
             self.acking = True
         self.unsettled += 1
-        future = self.gateway.log.append(action.key, action.event.to_bytes())
+        future = self.gateway.log.append(action.key, action.event.to_bytes(), immediate=is_ack)
         return _PendingReply(future, action.reply, action.event if is_ack else None)
 
     async def _settle(self, pending: _PendingReply) -> bytes:
