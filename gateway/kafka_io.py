@@ -38,7 +38,8 @@ class DurableLog:
     def _producer(self, config: KafkaConfig, linger_ms: int, client_id: str) -> KafkaProducer:
         producer = KafkaProducer(
             bootstrap_servers=config.bootstrap, acks="all", linger_ms=linger_ms,
-            max_block_ms=5000, request_timeout_ms=10000, retries=5,
+            max_block_ms=5000, request_timeout_ms=5000, delivery_timeout_ms=config.delivery_timeout_ms,
+            retries=5,
             max_in_flight_requests_per_connection=1, client_id=client_id,
         )
         producer.partitions_for(self._topic)  # fetch metadata now, not on the first append

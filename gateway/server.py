@@ -135,6 +135,10 @@ class Connection:
                 self.writer.write(await self._settle(item))
                 if item.ack and self.acking:
                     self._ack_written(item.ack)
+                elif item.ack:  # the ACK is not durable: the message stays pending; end this login
+                    self.closing = True
+                    self.reader.feed_eof()
+                    break
             elif callable(item):
                 item()
             else:

@@ -24,6 +24,7 @@ class KafkaConfig:
     commands_partitions: int = 1
     deliveries_partitions: int = 1
     linger_ms: int = 1
+    delivery_timeout_ms: int = 15000  # a PUB not durable by then gets 503
 
 
 @dataclass(frozen=True)
