@@ -4,6 +4,8 @@ from a partial frame, and other sessions unaffected."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,3 +102,13 @@ def test_partial_frames_publish_nothing_and_disturb_no_one(gateway):
     smuid = asyncio.run(scenario())
     events = published_events(config)
     assert [(e.cmuid, e.smuid) for e in events] == [("KEPT", smuid)]
+
+
+def test_command_line_client_reports_refusals_clearly(gateway):
+    host, port = gateway.address
+    refused = subprocess.run([sys.executable, "-m", "gateway.cli", "--port", str(port), "--user", "nobody",
+                              "--password", "x", "pub", "/a/b", "hi"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "404" in refused.stderr
+    unreachable = subprocess.run([sys.executable, "-m", "gateway.cli", "--port", "1", "pub", "/a/b", "hi"],
+                                 capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode == 2 and "cannot reach" in unreachable.stderr

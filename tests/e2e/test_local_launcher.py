@@ -41,9 +41,11 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
             sub = await SMQPClient.connect("127.0.0.1", gateway_port)
             await sub.login("guest")
             await sub.subscribe("/demo/*")
-            async with await SMQPClient.connect("127.0.0.1", gateway_port) as pub:
-                await pub.login("guest")
-                smuid = await pub.publish("/demo/hello", b"hi there")
+            published = await asyncio.to_thread(  # the reference command line publishes
+                subprocess.run, [sys.executable, "-m", "gateway.cli", "--port", str(gateway_port),
+                                 "pub", "/demo/hello", "hi there"], capture_output=True, text=True, timeout=60)
+            assert published.returncode == 0, published.stderr
+            smuid = int(published.stdout)
             note = await sub.next_notification(120)
             assert (note.topic, note.smuid, note.data) == ("/demo/hello", smuid, b"hi there")
             await note.ack()
