@@ -19,13 +19,22 @@ log order; across partitions it falls back to Kafka timestamp order.  A
 publish is routed to a subscription iff ``from_seq < seq < to_seq`` where a
 null bound is open (``from_seq`` null: subscribed before this batch;
 ``to_seq`` null: still subscribed at the end of the batch).
+
+Every transform is written once, as Spark SQL text: ``<name>_sql(...)``
+returns the ``SELECT`` of that transform over the relations (view or CTE
+names) it is given.  The public function registers its input frames as
+temporary views and runs that text; the sink composes the same texts into one
+``WITH … SELECT`` per micro-batch.  A plan built from SQL text costs a few
+py4j calls, where the same plan built column by column costs thousands
+(~110 µs each), which dominated a micro-batch.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -99,9 +108,64 @@ KAFKA_OUT = StructType([
 
 COMMAND_TYPES = ("publish", "subscribe", "unsubscribe", "ack")
 
+_SEQ_DDL = SEQ.simpleString()
 
-def _micros_to_ts(column: str | Column) -> Column:
-    return F.timestamp_micros(F.col(column) if isinstance(column, str) else column)
+
+def sql_literal(value: int | datetime) -> str:
+    """``value`` as a typed Spark SQL literal: ``BIGINT`` for ints, ``TIMESTAMP`` for datetimes.
+
+    A datetime converts as ``F.lit`` would (aware: its instant; naive: local time).
+    """
+    if isinstance(value, datetime):
+        return f"timestamp_micros({int(TimestampType().toInternal(value))})"
+    return f"CAST({int(value)} AS BIGINT)"
+
+
+def run_sql(sql: str, frames: dict[str, DataFrame]) -> DataFrame:
+    """``sql`` with each ``{name}`` replaced by a temporary view of ``frames[name]``.
+
+    The views get unique names and are dropped again once the query is
+    analysed (the returned frame holds their plans, not their names).
+    """
+    spark = next(iter(frames.values())).sparkSession
+    views = {name: f"_routing_{name}_{uuid.uuid4().hex}" for name in frames}
+    for name, frame in frames.items():
+        frame.createOrReplaceTempView(views[name])
+    try:
+        return spark.sql(sql.format(**views))
+    finally:
+        for view in views.values():
+            spark.catalog.dropTempView(view)
+
+
+def _micros_to_ts(column: str) -> str:
+    return f"timestamp_micros({column})"
+
+
+def _first_per(keys: str, order: str, relation: str, where: str = "TRUE") -> str:
+    """Rows of ``relation`` matching ``where``, only the first per ``keys`` by ``order`` (``_n`` = 1)."""
+    return (f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {order}) AS _n "
+            f"FROM {relation} WHERE {where}) WHERE _n = 1)")
+
+
+# -- parse_commands
+
+_VALID = """coalesce(
+      (type = 'publish' AND account IS NOT NULL AND smuid IS NOT NULL AND topic IS NOT NULL)
+      OR (type IN ('subscribe', 'unsubscribe') AND account IS NOT NULL AND pattern IS NOT NULL)
+      OR (type = 'ack' AND account IS NOT NULL AND smuid IS NOT NULL),
+      FALSE)"""
+
+
+def parse_commands_sql(records: str) -> str:
+    """SQL of :func:`parse_commands` over the relation ``records``."""
+    return f"""SELECT * FROM (
+  SELECT e.*, seq, kafka_partition, kafka_offset FROM (
+    SELECT from_json(CAST(value AS STRING), '{COMMAND_EVENT.simpleString()}') AS e,
+           named_struct('timestamp', `timestamp`, 'partition', `partition`, 'offset', `offset`) AS seq,
+           `partition` AS kafka_partition, `offset` AS kafka_offset
+    FROM {records}))
+WHERE {_VALID}"""
 
 
 def parse_commands(records: DataFrame) -> DataFrame:
@@ -112,34 +176,44 @@ def parse_commands(records: DataFrame) -> DataFrame:
     needs are dropped here (they must never stop the job); the sink still counts
     their offsets as consumed.
     """
-    parsed = records.select(
-        F.from_json(F.col("value").cast("string"), COMMAND_EVENT).alias("e"),
-        F.struct(
-            F.col("timestamp").alias("timestamp"),
-            F.col("partition").alias("partition"),
-            F.col("offset").alias("offset"),
-        ).alias("seq"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-    ).select("e.*", "seq", "kafka_partition", "kafka_offset")
-    kind = F.col("type")
-    has_account = F.col("account").isNotNull()
-    valid = (
-        ((kind == "publish") & has_account & F.col("smuid").isNotNull() & F.col("topic").isNotNull())
-        | (kind.isin("subscribe", "unsubscribe") & has_account & F.col("pattern").isNotNull())
-        | ((kind == "ack") & has_account & F.col("smuid").isNotNull())
-    )
-    return parsed.where(F.coalesce(valid, F.lit(False)))
+    return run_sql(parse_commands_sql("{records}"), {"records": records})
 
 
-def _covers(unsubscribed: Column, pattern: Column) -> Column:
-    """True when UNSUBSCRIBE ``unsubscribed`` ends subscription ``pattern``.
+# -- subscription_intervals
+
+
+def _covers(unsubscribed: str, pattern: str) -> str:
+    """SQL: true when UNSUBSCRIBE ``unsubscribed`` ends subscription ``pattern``.
 
     Equal patterns, or ``unsubscribed`` is a wildcard ``/a/*`` whose prefix
     ``/a/`` starts ``pattern`` (``/a/x``, ``/a/x/*``, ``/a/*`` …).
     """
-    prefix = unsubscribed.substr(F.lit(1), F.length(unsubscribed) - 1)
-    return (unsubscribed == pattern) | (unsubscribed.endswith("/*") & pattern.startswith(prefix))
+    return (f"({unsubscribed} = {pattern} OR (endswith({unsubscribed}, '/*') "
+            f"AND startswith({pattern}, substr({unsubscribed}, 1, length({unsubscribed}) - 1))))")
+
+
+def subscription_intervals_sql(current: str, events: str) -> str:
+    """SQL of :func:`subscription_intervals` over the relations ``current`` and ``events``."""
+    return f"""SELECT account, pattern, guid, subscribed_at, from_seq, to_seq, unsubscribed_at FROM (
+  SELECT *, row_number() OVER (PARTITION BY account, pattern, to_seq ORDER BY from_seq ASC NULLS FIRST) AS _n
+  FROM (
+    SELECT o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq,
+           min(c.c_seq) AS to_seq, min_by(c.c_at, c.c_seq) AS unsubscribed_at
+    FROM (
+      SELECT account, pattern, guid, subscribed_at, CAST(NULL AS {_SEQ_DDL}) AS from_seq
+      FROM {current} WHERE active
+      UNION ALL
+      SELECT account, pattern, guid, {_micros_to_ts("accepted_at")} AS subscribed_at, seq AS from_seq
+      FROM {events} WHERE type = 'subscribe'
+    ) o
+    LEFT JOIN (
+      SELECT account AS c_account, pattern AS c_pattern, seq AS c_seq, {_micros_to_ts("accepted_at")} AS c_at
+      FROM {events} WHERE type = 'unsubscribe'
+    ) c
+    ON o.account = c.c_account AND {_covers("c.c_pattern", "o.pattern")}
+       AND (o.from_seq IS NULL OR c.c_seq > o.from_seq)
+    GROUP BY o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq))
+WHERE _n = 1"""
 
 
 def subscription_intervals(current: DataFrame, events: DataFrame) -> DataFrame:
@@ -152,45 +226,18 @@ def subscription_intervals(current: DataFrame, events: DataFrame) -> DataFrame:
     :func:`_covers`); ``to_seq`` stays null when none does.  A SUBSCRIBE while
     already subscribed to the same pattern does not open a second interval (the
     earlier one, with its guid and ``subscribed_at``, is kept); a SUBSCRIBE
-    after an UNSUBSCRIBE opens a new one.
+    after an UNSUBSCRIBE opens a new one.  (Opens that end at the same place are
+    one interval: the earliest is kept.)
     """
-    no_seq = F.lit(None).cast(SEQ)
-    opens = current.where(F.col("active")).select(
-        "account", "pattern", "guid", "subscribed_at", no_seq.alias("from_seq"),
-    ).unionByName(
-        events.where(F.col("type") == "subscribe").select(
-            "account", "pattern", "guid",
-            _micros_to_ts("accepted_at").alias("subscribed_at"),
-            F.col("seq").alias("from_seq"),
-        )
-    )
-    closes = events.where(F.col("type") == "unsubscribe").select(
-        F.col("account").alias("c_account"),
-        F.col("pattern").alias("c_pattern"),
-        F.col("seq").alias("c_seq"),
-        _micros_to_ts("accepted_at").alias("c_at"),
-    )
-    ended = opens.join(
-        closes,
-        (F.col("account") == F.col("c_account"))
-        & _covers(F.col("c_pattern"), F.col("pattern"))
-        & (F.col("from_seq").isNull() | (F.col("c_seq") > F.col("from_seq"))),
-        "left",
-    ).groupBy("account", "pattern", "guid", "subscribed_at", "from_seq").agg(
-        F.min("c_seq").alias("to_seq"),
-        F.min_by("c_at", "c_seq").alias("unsubscribed_at"),
-    )
-    # Opens that end at the same place are one interval: keep the earliest.
-    first = Window.partitionBy("account", "pattern", "to_seq").orderBy(F.col("from_seq").asc_nulls_first())
-    return (
-        ended.withColumn("_n", F.row_number().over(first))
-        .where(F.col("_n") == 1)
-        .select(*INTERVALS.fieldNames())
-    )
+    return run_sql(subscription_intervals_sql("{current}", "{events}"),
+                   {"current": current, "events": events})
 
 
-def candidate_patterns(topic: Column) -> Column:
-    """Every subscription pattern that matches the canonical ``topic``.
+# -- route
+
+
+def candidate_patterns_sql(topic: str) -> str:
+    """SQL: every subscription pattern that matches the canonical topic (SQL expression ``topic``).
 
     ``/a/b/c`` → ``["/a/b/c", "/a/*", "/a/b/*"]``: the topic itself and the
     wildcard of each proper ancestor.  Matching then is an equi-join on the
@@ -198,13 +245,33 @@ def candidate_patterns(topic: Column) -> Column:
     wildcard ``/a/b/*`` covers topics starting with ``/a/b/``, so ``/a/*``
     never matches ``/ab/x`` and ``/a/b/*`` does not match ``/a/b`` itself).
     """
-    levels = F.split(topic.substr(F.lit(2), F.length(topic)), "/")
-    depth = F.size(levels)
-    ancestors = F.transform(
-        F.sequence(F.lit(1), depth - 1),
-        lambda i: F.concat(F.lit("/"), F.array_join(F.slice(levels, F.lit(1), i), "/"), F.lit("/*")),
-    )
-    return F.when(depth > 1, F.concat(F.array(topic), ancestors)).otherwise(F.array(topic))
+    levels = f"split(substr({topic}, 2, length({topic})), '/')"
+    ancestors = (f"transform(sequence(1, size({levels}) - 1), "
+                 f"_i -> concat('/', array_join(slice({levels}, 1, _i), '/'), '/*'))")
+    return f"CASE WHEN size({levels}) > 1 THEN concat(array({topic}), {ancestors}) ELSE array({topic}) END"
+
+
+def candidate_patterns(topic: str) -> Column:
+    """:func:`candidate_patterns_sql` as a Column; ``topic`` is a column name or SQL expression."""
+    return F.expr(candidate_patterns_sql(topic))
+
+
+def route_sql(events: str, intervals: str) -> str:
+    """SQL of :func:`route` over the relations ``events`` and ``intervals``."""
+    publishes = _first_per("smuid", "seq", events, "type = 'publish'")
+    return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
+  SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
+    SELECT s.account, p.smuid, p.topic, p.cmuid, p.publisher, p.publisher_guid, p.accepted_at,
+           p.priority, p.headers, p.sections, p.seq
+    FROM (
+      SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority,
+             headers, sections, seq, explode({candidate_patterns_sql("topic")}) AS _pattern
+      FROM {publishes}
+    ) p
+    JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq FROM {intervals}) s
+    ON p._pattern = s._pattern
+    WHERE (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)))
+WHERE _d = 1"""
 
 
 def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
@@ -216,32 +283,19 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
     its first position.  One row per (subscriber account, smuid), however many
     of that account's patterns matched.
     """
-    first = Window.partitionBy("smuid").orderBy("seq")
-    publishes = (
-        events.where(F.col("type") == "publish")
-        .withColumn("_n", F.row_number().over(first))
-        .where(F.col("_n") == 1)
-        .select(
-            "smuid", "topic", "cmuid",
-            F.col("account").alias("publisher"),
-            F.col("guid").alias("publisher_guid"),
-            "accepted_at", "priority", "headers", "sections", "seq",
-            F.explode(candidate_patterns(F.col("topic"))).alias("_pattern"),
-        )
-    )
-    subscribers = intervals.select(
-        F.col("account"), F.col("pattern").alias("_pattern"), "from_seq", "to_seq",
-    )
-    open_at_seq = (
-        (F.col("from_seq").isNull() | (F.col("from_seq") < F.col("seq")))
-        & (F.col("to_seq").isNull() | (F.col("seq") < F.col("to_seq")))
-    )
-    return (
-        publishes.join(subscribers, "_pattern")
-        .where(open_at_seq)
-        .select(*DELIVERIES.fieldNames())
-        .dropDuplicates(["account", "smuid"])
-    )
+    return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
+
+
+# -- Delta rows
+
+
+def subscription_state_sql(intervals: str, batch_id: int) -> str:
+    """SQL of :func:`subscription_state` over the relation ``intervals``."""
+    last = _first_per("account, pattern", "from_seq DESC NULLS LAST", intervals,
+                      "from_seq IS NOT NULL OR to_seq IS NOT NULL")
+    return f"""SELECT account, pattern, guid, to_seq IS NULL AS active, subscribed_at, unsubscribed_at,
+       {sql_literal(batch_id)} AS batch_id
+FROM {last}"""
 
 
 def subscription_state(intervals: DataFrame, batch_id: int) -> DataFrame:
@@ -251,49 +305,45 @@ def subscription_state(intervals: DataFrame, batch_id: int) -> DataFrame:
     non-null bound).  Each takes its last interval: ``active`` when it is still
     open, with that interval's guid, ``subscribed_at`` and ``unsubscribed_at``.
     """
-    last = Window.partitionBy("account", "pattern").orderBy(F.col("from_seq").desc_nulls_last())
-    return (
-        intervals.where(F.col("from_seq").isNotNull() | F.col("to_seq").isNotNull())
-        .withColumn("_n", F.row_number().over(last))
-        .where(F.col("_n") == 1)
-        .select(
-            "account", "pattern", "guid",
-            F.col("to_seq").isNull().alias("active"),
-            "subscribed_at", "unsubscribed_at",
-            F.lit(batch_id).cast(LongType()).alias("batch_id"),
-        )
-    )
+    return run_sql(subscription_state_sql("{intervals}", batch_id), {"intervals": intervals})
+
+
+def extract_acks_sql(events: str) -> str:
+    """SQL of :func:`extract_acks` over the relation ``events``."""
+    return f"""SELECT account, smuid, {_micros_to_ts("accepted_at")} AS acked_at, guid AS acked_guid, seq
+FROM {_first_per("account, smuid", "seq", events, "type = 'ack'")}"""
 
 
 def extract_acks(events: DataFrame) -> DataFrame:
     """ACK events → :data:`ACKS`, one per (account, smuid): the first one in the batch."""
-    first = Window.partitionBy("account", "smuid").orderBy("seq")
-    return (
-        events.where(F.col("type") == "ack")
-        .withColumn("_n", F.row_number().over(first))
-        .where(F.col("_n") == 1)
-        .select("account", "smuid", _micros_to_ts("accepted_at").alias("acked_at"),
-                F.col("guid").alias("acked_guid"), "seq")
-    )
+    return run_sql(extract_acks_sql("{events}"), {"events": events})
+
+
+def message_rows_sql(events: str, batch_id: int) -> str:
+    """SQL of :func:`message_rows` over the relation ``events``."""
+    return f"""SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, priority, headers, sections,
+       {_micros_to_ts("accepted_at")} AS accepted_at, kafka_partition, kafka_offset,
+       {sql_literal(batch_id)} AS batch_id
+FROM {_first_per("smuid", "seq", events, "type = 'publish'")}"""
 
 
 def message_rows(events: DataFrame, batch_id: int) -> DataFrame:
     """Publishes → ``MESSAGES_TABLE`` rows (one per smuid in the batch; data stays base64)."""
-    first = Window.partitionBy("smuid").orderBy("seq")
-    return (
-        events.where(F.col("type") == "publish")
-        .withColumn("_n", F.row_number().over(first))
-        .where(F.col("_n") == 1)
-        .select(
-            "smuid", "topic", "cmuid",
-            F.col("account").alias("publisher"),
-            F.col("guid").alias("publisher_guid"),
-            "priority", "headers", "sections",
-            _micros_to_ts("accepted_at").alias("accepted_at"),
-            "kafka_partition", "kafka_offset",
-            F.lit(batch_id).cast(LongType()).alias("batch_id"),
-        )
-    )
+    return run_sql(message_rows_sql("{events}", batch_id), {"events": events})
+
+
+def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime) -> str:
+    """SQL of :func:`delivery_updates` over the relations ``deliveries`` and ``acks``."""
+    return f"""SELECT d.account, d.smuid, d.topic, d.priority,
+       CASE WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked' ELSE 'pending' END AS status,
+       {sql_literal(routed_at)} AS routed_at, {sql_literal(batch_id)} AS routed_batch_id,
+       a.acked_at, a.acked_guid, TRUE AS is_new
+FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
+UNION ALL
+SELECT a.account, a.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'acked' AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       a.acked_at, a.acked_guid, FALSE AS is_new
+FROM {acks} a LEFT ANTI JOIN {deliveries} d ON a.account = d.account AND a.smuid = d.smuid"""
 
 
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int,
@@ -306,27 +356,23 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int,
     status ``acked`` (they update a matching row and are never inserted).  One
     row per (account, smuid).
     """
-    acks = acks.select("account", "smuid", "acked_at", "acked_guid")
-    new = deliveries.join(acks, ["account", "smuid"], "left").select(
-        "account", "smuid", "topic", "priority",
-        F.when(F.col("acked_at").isNotNull() | F.col("acked_guid").isNotNull(), F.lit("acked"))
-        .otherwise(F.lit("pending")).alias("status"),
-        F.lit(routed_at).cast(TimestampType()).alias("routed_at"),
-        F.lit(batch_id).cast(LongType()).alias("routed_batch_id"),
-        "acked_at", "acked_guid",
-        F.lit(True).alias("is_new"),
-    )
-    old = acks.join(deliveries.select("account", "smuid"), ["account", "smuid"], "left_anti").select(
-        "account", "smuid",
-        F.lit(None).cast(StringType()).alias("topic"),
-        F.lit(None).cast(IntegerType()).alias("priority"),
-        F.lit("acked").alias("status"),
-        F.lit(None).cast(TimestampType()).alias("routed_at"),
-        F.lit(None).cast(LongType()).alias("routed_batch_id"),
-        "acked_at", "acked_guid",
-        F.lit(False).alias("is_new"),
-    )
-    return new.unionByName(old)
+    return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at),
+                   {"deliveries": deliveries, "acks": acks})
+
+
+# -- records for smqp.deliveries
+
+
+def deliver_records_sql(deliveries: str) -> str:
+    """SQL of :func:`deliver_records` over the relation ``deliveries``."""
+    return f"""SELECT CAST(account AS BINARY) AS key, to_json(named_struct(
+         'type', 'deliver', 'account', account, 'smuid', smuid, 'topic', topic, 'cmuid', cmuid,
+         'publisher', publisher, 'publisher_guid', publisher_guid, 'accepted_at', accepted_at,
+         'priority', coalesce(priority, 0),
+         'headers', coalesce(headers, CAST(array() AS {HEADERS.simpleString()})),
+         'sections', coalesce(sections, CAST(array() AS {ArrayType(SECTION_JSON).simpleString()})))) AS value,
+       seq
+FROM {deliveries}"""
 
 
 def deliver_records(deliveries: DataFrame) -> DataFrame:
@@ -336,17 +382,16 @@ def deliver_records(deliveries: DataFrame) -> DataFrame:
     so ``schemas.events.decode`` returns an equal ``Deliver``.  ``seq`` is the
     publish's position: produce in that order (acceptance order).
     """
-    value = F.to_json(F.struct(
-        F.lit("deliver").alias("type"),
-        "account", "smuid", "topic", "cmuid", "publisher", "publisher_guid", "accepted_at",
-        F.coalesce(F.col("priority"), F.lit(0)).alias("priority"),
-        F.coalesce(F.col("headers"), F.array().cast(HEADERS)).alias("headers"),
-        F.coalesce(F.col("sections"), F.array().cast(ArrayType(SECTION_JSON))).alias("sections"),
-    ))
-    return deliveries.select(F.col("account").cast(BinaryType()).alias("key"), value.alias("value"), "seq")
+    return run_sql(deliver_records_sql("{deliveries}"), {"deliveries": deliveries})
+
+
+def acked_records_sql(acks: str) -> str:
+    """SQL of :func:`acked_records` over the relation ``acks``."""
+    return f"""SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid)) AS value, seq
+FROM {acks}"""
 
 
 def acked_records(acks: DataFrame) -> DataFrame:
     """ACKs (:data:`ACKS` plus their ``seq``) → ``smqp.deliveries`` records: key = account, value = Acked JSON."""
-    value = F.to_json(F.struct(F.lit("acked").alias("type"), "account", "smuid"))
-    return acks.select(F.col("account").cast(BinaryType()).alias("key"), value.alias("value"), "seq")
+    return run_sql(acked_records_sql("{acks}"), {"acks": acks})

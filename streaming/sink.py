@@ -36,11 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, StructField, StructType
+from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StructField, StructType
 
 from schemas.config import SMQPConfig
-from schemas.spark import DELIVERIES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, arrow_schema
+from schemas.spark import DELIVERIES_TABLE, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, arrow_schema
 from streaming import routing
 
 log = logging.getLogger(__name__)
@@ -56,13 +55,74 @@ def _to_table(arrow: pa.Table, name: str) -> pa.Table:
     return arrow.select(schema.names).cast(schema)
 
 
-def _nullable(kind: DataType) -> DataType:
-    """``kind`` with every nested field nullable (so outputs can share one unioned frame)."""
+#: Per commands partition: the next offset to consume and how many records this batch held.
+PROGRESS = StructType([
+    StructField("partition", IntegerType(), True),
+    StructField("end", LongType(), True),
+    StructField("records", LongType(), True),
+])
+
+PROGRESS_SQL = ("SELECT `partition`, max(`offset`) + 1 AS `end`, count(1) AS records "
+                "FROM {records} GROUP BY `partition`")
+
+#: Every output of one batch and its columns, in the order of :func:`batch_sql`'s columns.
+OUTPUTS: dict[str, StructType] = {
+    "progress": PROGRESS,
+    "deliver": routing.KAFKA_OUT,
+    "acked": routing.KAFKA_OUT,
+    "messages": MESSAGES_TABLE,
+    "deliveries": StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), True)]),
+    "subscriptions": SUBSCRIPTIONS_TABLE,
+}
+
+
+def _ddl(kind: DataType) -> str:
+    """``kind`` as a SQL type with every nested field nullable (field names quoted)."""
     if isinstance(kind, StructType):
-        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
+        return "struct<" + ",".join(f"`{f.name}`:{_ddl(f.dataType)}" for f in kind.fields) + ">"
     if isinstance(kind, ArrayType):
-        return ArrayType(_nullable(kind.elementType), True)
-    return kind
+        return f"array<{_ddl(kind.elementType)}>"
+    return kind.simpleString()
+
+
+def _as_struct(kind: StructType) -> str:
+    """SQL: the columns of ``kind`` (by name) as one struct of that type, every field nullable.
+
+    Nullable, so that the outputs can share one unioned frame (an output's
+    struct is null in the other outputs' rows).
+    """
+    fields = ", ".join(f"'{f.name}', `{f.name}`" for f in kind.fields)
+    return f"CAST(named_struct({fields}) AS {_ddl(kind)})"
+
+
+def batch_sql(batch_id: int, routed_at: datetime) -> str:
+    """The whole batch as one query over the relations ``{records}`` and ``{current}``.
+
+    Each routing transform is a CTE of its own SQL (``routing.*_sql``, the text
+    the public transforms run); every output is a struct column of its
+    :data:`OUTPUTS` type, null except in the rows of its ``kind``.
+    """
+    ctes = {
+        "events": routing.parse_commands_sql("{records}"),
+        "intervals": routing.subscription_intervals_sql("{current}", "events"),
+        "routed": routing.route_sql("events", "intervals"),
+        "acks": routing.extract_acks_sql("events"),
+        "out_progress": PROGRESS_SQL,
+        "out_deliver": routing.deliver_records_sql("routed"),
+        "out_acked": routing.acked_records_sql("acks"),
+        "out_messages": routing.message_rows_sql("events", batch_id),
+        "out_deliveries": routing.delivery_updates_sql("routed", "acks", batch_id, routed_at),
+        "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
+    }
+    parts = [
+        f"SELECT '{kind}' AS kind, "
+        + ", ".join(f"{_as_struct(OUTPUTS[other])} AS {other}" if other == kind else f"NULL AS {other}"
+                    for other in OUTPUTS)
+        + f" FROM out_{kind}"
+        for kind in OUTPUTS
+    ]
+    return ("WITH " + ",\n".join(f"{name} AS (\n{sql}\n)" for name, sql in ctes.items())
+            + "\n" + "\nUNION ALL\n".join(parts))
 
 
 def _by_seq(records: pa.Table) -> pa.Table:
@@ -146,39 +206,20 @@ class CommandSink:
         """Every output of one batch, computed by the routing transforms in **one** Spark job.
 
         Spark pays a fixed cost per job and per stage that dwarfs the work of a
-        micro-batch, so the frames are unioned (one struct column per output,
+        micro-batch, so the outputs are one query (:func:`batch_sql`, the
+        transforms' SQL as CTEs, unioned with one struct column per output,
         tagged by ``kind``), collected once as Arrow and split here; shared
-        sub-plans run once (exchange reuse).
+        sub-plans run once (exchange reuse).  Building it is a handful of py4j
+        calls (two temporary views, one ``spark.sql``).
         """
         spark = batch_df.sparkSession
-        # One scan of the source: every branch below would otherwise re-read it.
-        batch_df = spark.createDataFrame(batch_df.toArrow(), schema=batch_df.schema)
-        events = routing.parse_commands(batch_df)
-        intervals = routing.subscription_intervals(self.current_subscriptions(spark), events)
-        deliveries = routing.route(events, intervals)
-        acks = routing.extract_acks(events)
-        frames = {
-            "progress": batch_df.groupBy("partition").agg(
-                (F.max("offset") + 1).alias("end"), F.count(F.lit(1)).alias("records")),
-            "deliver": routing.deliver_records(deliveries),
-            "acked": routing.acked_records(acks),
-            "messages": routing.message_rows(events, batch_id),
-            "deliveries": routing.delivery_updates(deliveries, acks, batch_id, routed_at),
-            "subscriptions": routing.subscription_state(intervals, batch_id),
-        }
-        types = {kind: _nullable(frame.schema) for kind, frame in frames.items()}
-        parts = [
-            frame.select(F.lit(kind).alias("kind"), *[
-                (F.struct(*frame.columns) if other == kind else F.lit(None)).cast(types[other]).alias(other)
-                for other in frames])
-            for kind, frame in frames.items()
-        ]
-        combined = parts[0]
-        for part in parts[1:]:
-            combined = combined.unionByName(part)
+        # One scan of the source: every branch of the query would otherwise re-read it.
+        records = spark.createDataFrame(batch_df.toArrow(), schema=batch_df.schema)
+        combined = routing.run_sql(batch_sql(batch_id, routed_at),
+                                   {"records": records, "current": self.current_subscriptions(spark)})
         arrow = combined.toArrow()
         out = {}
-        for kind in frames:
+        for kind in OUTPUTS:
             column = arrow.filter(pc.equal(arrow.column("kind"), kind)).column(kind)
             out[kind] = pa.Table.from_batches(
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],

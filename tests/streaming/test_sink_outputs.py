@@ -1,0 +1,57 @@
+"""CommandSink.outputs (one combined SQL query) against the public transforms run one by one."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from chispa import assert_df_equality
+
+from schemas import events as ev
+from schemas.config import load_config
+from schemas.spark import KAFKA_RECORD
+from streaming import routing
+from streaming.sink import OUTPUTS, CommandSink
+
+T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+US0 = int(T0.timestamp() * 1_000_000)
+
+
+def test_outputs_equal_the_public_transforms(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    section = ev.Section([("Content-Type", "text/plain")], b"hi")
+    commands = [
+        ev.Subscribe("bob", "gb", "/t/*", US0),
+        ev.Subscribe("carol", "gc", "/t/x", US0 + 1),
+        ev.Publish(1, "/t/x", "c1", "alice", "ga", US0 + 2, 3, [("A", "1")], [section]),
+        ev.Unsubscribe("carol", "gc", "/t/x", US0 + 3),
+        ev.Publish(2, "/t/x", "c2", "alice", "ga", US0 + 4),
+        ev.Ack("bob", "gb", 1, US0 + 5),
+        ev.Ack("bob", "gb", 99, US0 + 6),
+    ]
+    rows = [(None, c.to_bytes(), "cmd", 0, 10 + i, T0 + timedelta(milliseconds=i), 0)
+            for i, c in enumerate(commands)]
+    rows.append((None, b"not json", "cmd", 0, 10 + len(commands), T0, 0))
+    records = spark.createDataFrame(rows, KAFKA_RECORD)
+    routed_at = T0 + timedelta(hours=1)
+
+    out = sink.outputs(records, 7, routed_at)
+
+    events = routing.parse_commands(records)
+    intervals = routing.subscription_intervals(sink.current_subscriptions(spark), events)
+    deliveries = routing.route(events, intervals)
+    acks = routing.extract_acks(events)
+    expected = {
+        "progress": spark.createDataFrame([(0, 10 + len(rows), len(rows))], OUTPUTS["progress"]),
+        "deliver": routing.deliver_records(deliveries),
+        "acked": routing.acked_records(acks),
+        "messages": routing.message_rows(events, 7),
+        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at),
+        "subscriptions": routing.subscription_state(intervals, 7),
+    }
+    assert set(out) == set(expected)
+    sizes = {kind: out[kind].num_rows for kind in out}
+    assert sizes == {"progress": 1, "deliver": 3, "acked": 2, "messages": 2, "deliveries": 4, "subscriptions": 2}
+    for kind, frame in expected.items():
+        actual = spark.createDataFrame(out[kind], OUTPUTS[kind])
+        assert_df_equality(actual, frame.select(*OUTPUTS[kind].fieldNames()),
+                           ignore_row_order=True, ignore_nullable=True)
