@@ -36,6 +36,16 @@ async def publish(host, port, count, start) -> list[int]:
     return list(smuids)
 
 
+async def take(client: SMQPClient, count: int) -> list[int]:
+    """Receive and two-phase-ACK ``count`` notifications, whatever follows."""
+    smuids = []
+    for _ in range(count):
+        note = await client.next_notification(90)
+        await note.ack()
+        smuids.append(note.smuid)
+    return smuids
+
+
 async def receive(client: SMQPClient, count: int, timeout: float = 90) -> list[int]:
     """Receive and two-phase-ACK ``count`` notifications; then prove nothing else arrives."""
     received = []
@@ -108,11 +118,7 @@ def test_streaming_job_restart_loses_and_duplicates_nothing(broker, spark, tmp_p
                 bob = await subscriber(host, port)
                 await bob.subscribe("/stocks/*")
                 first = await publish(host, port, 100, 0)
-                got = []
-                for _ in range(40):
-                    note = await bob.next_notification(90)
-                    await note.ack()
-                    got.append(note.smuid)
+                got = await take(bob, 40)
                 await asyncio.to_thread(router.stop)  # job down mid-stream; ACKs keep going to Kafka
                 second = await publish(host, port, 50, 100)  # accepted while the job is down
                 await asyncio.to_thread(router.start)
@@ -139,11 +145,7 @@ def test_gateway_restart_never_renotifies_an_acknowledged_message(broker, spark,
                 bob = await subscriber(host, port)
                 await bob.subscribe("/stocks/*")
                 published = await publish(host, port, 100, 0)
-                acked = []
-                for _ in range(40):
-                    note = await bob.next_notification(90)
-                    await note.ack()
-                    acked.append(note.smuid)
+                acked = await take(bob, 40)
                 await bob.close()  # no QUIT: the gateway goes down under it
                 return published, acked
 
