@@ -106,8 +106,6 @@ KAFKA_OUT = StructType([
     StructField("seq", SEQ, True),
 ])
 
-COMMAND_TYPES = ("publish", "subscribe", "unsubscribe", "ack")
-
 _SEQ_DDL = SEQ.simpleString()
 
 

@@ -170,6 +170,12 @@ class CommandSink:
             DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name)
         return DeltaTable(path)
 
+    def _uncommitted(self, name: str, batch_id: int) -> DeltaTable | None:
+        """Table ``name`` opened once for this commit, or None when it already holds ``batch_id``."""
+        table = self._table(name)
+        version = table.transaction_version(self.app_id(name))
+        return None if version is not None and version >= batch_id else table
+
     def producer(self):
         """The long-lived producer (acks=all), created on first use."""
         if self._producer is None:
@@ -274,24 +280,20 @@ class CommandSink:
     # -- Delta
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
-        if self._done("messages", batch_id):
-            return
         rows = _to_table(arrow, "messages")
-        if rows.num_rows:
-            write_deltalake(self._table("messages"), rows, mode="append",
+        if rows.num_rows and (table := self._uncommitted("messages", batch_id)) is not None:
+            write_deltalake(table, rows, mode="append",
                             commit_properties=_commit(self.app_id("messages"), batch_id))
 
     def _commit_deliveries(self, arrow: pa.Table, batch_id: int) -> None:
-        if self._done("deliveries", batch_id):
-            return
-        if not arrow.num_rows:
+        if not arrow.num_rows or (table := self._uncommitted("deliveries", batch_id)) is None:
             return
         source = _to_table(arrow, "deliveries").append_column("is_new", arrow.column("is_new"))
         smuids = source.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
         columns = DELIVERIES_TABLE.fieldNames()
         (
-            self._table("deliveries").merge(
+            table.merge(
                 source,
                 predicate=(f"t.account = s.account AND t.smuid = s.smuid "
                            f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),

@@ -12,7 +12,6 @@ from schemas.spark import DELIVERIES_TABLE, KAFKA_RECORD, MESSAGES_TABLE, SUBSCR
 from schemas.topics import parse_pattern
 from streaming import routing
 from streaming.routing import ACKS, DELIVERIES, EVENTS, INTERVALS, KAFKA_OUT
-from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
