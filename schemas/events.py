@@ -1,7 +1,13 @@
 """Events on the Kafka topics, as plain dataclasses with one JSON encoding.
 
 ``smqp.commands`` (written by gateways, read by the streaming job) carries
-:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe` and :class:`Ack`.
+:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe` and :class:`Ack`,
+which the job routes, and the control events the gateways' topic registry
+folds (:class:`CreateTopic`, :class:`RemoveTopic`, :class:`RenameTopic`,
+:class:`SetTopicKeywords`, :class:`SetLogin`, :class:`Watch`,
+:class:`Unwatch`, :class:`SetServerTimeout`, :class:`Sync`), which the job
+ignores.  Every event that changes the registry (and ``Sync``) goes to
+partition 0, so all gateways fold them in one order.
 ``smqp.deliveries`` (written by the job, tailed by gateways) carries
 :class:`Deliver`, :class:`Acked` and :class:`Progress`.
 
@@ -71,24 +77,34 @@ class Publish(_Event):
 
 @dataclass
 class Subscribe(_Event):
-    """SUBSCRIBE MESSAGE ``pattern`` (an exact topic or ``/a/b/*``)."""
+    """SUBSCRIBE MESSAGE ``pattern`` (an exact topic or ``/a/b/*``).
+
+    ``since`` / ``until`` (microseconds, optional): only messages accepted at
+    or after ``since`` are delivered; at ``until`` the subscription ends.  A
+    repeated SUBSCRIBE redefines both.
+    """
 
     TYPE: ClassVar[str] = "subscribe"
     account: str
     guid: str
     pattern: str
     accepted_at: int
+    since: int | None = None
+    until: int | None = None
+    request: str = ""  # the gateway's id for awaiting this event's fold
 
 
 @dataclass
 class Unsubscribe(_Event):
-    """UNSUBSCRIBE MESSAGE ``pattern``."""
+    """UNSUBSCRIBE MESSAGE ``pattern``; a wildcard ``/a/*`` ends every pattern under ``/a/``,
+    ``/*`` ends them all (``UNSUB MESSAGE *``)."""
 
     TYPE: ClassVar[str] = "unsubscribe"
     account: str
     guid: str
     pattern: str
     accepted_at: int
+    request: str = ""
 
 
 @dataclass
@@ -100,6 +116,108 @@ class Ack(_Event):
     guid: str
     smuid: int
     accepted_at: int
+
+
+@dataclass
+class CreateTopic(_Event):
+    """CREATE TOPIC ``topic`` [``(keywords)``] [``> target``]; missing ancestors are created too."""
+
+    TYPE: ClassVar[str] = "create_topic"
+    request: str
+    account: str
+    topic: str
+    accepted_at: int
+    keywords: list[str] = field(default_factory=list)
+    target: str | None = None  # a virtual topic's actual topic
+
+
+@dataclass
+class RemoveTopic(_Event):
+    """REMOVE TOPIC ``topic`` (and its descendants)."""
+
+    TYPE: ClassVar[str] = "remove_topic"
+    request: str
+    account: str
+    topic: str
+    accepted_at: int
+
+
+@dataclass
+class RenameTopic(_Event):
+    """SET TOPIC NAME ``topic`` ``new_topic`` (descendants move along)."""
+
+    TYPE: ClassVar[str] = "rename_topic"
+    request: str
+    account: str
+    topic: str
+    new_topic: str
+    accepted_at: int
+
+
+@dataclass
+class SetTopicKeywords(_Event):
+    """SET TOPIC KEYWORD ``topic`` ``(keywords)``: replaces the topic's keywords."""
+
+    TYPE: ClassVar[str] = "set_topic_keywords"
+    request: str
+    account: str
+    topic: str
+    keywords: list[str]
+    accepted_at: int
+
+
+@dataclass
+class SetLogin(_Event):
+    """SET LOGIN ``attribute`` (name, email, address, phone, or password: ``value`` is then a hash)."""
+
+    TYPE: ClassVar[str] = "set_login"
+    request: str
+    account: str
+    attribute: str
+    value: str
+    accepted_at: int
+
+
+@dataclass
+class Watch(_Event):
+    """SUBSCRIBE TOPIC / SUBSCRIBER ``pattern``: ``kind`` is ``topic`` or ``subscribers``."""
+
+    TYPE: ClassVar[str] = "watch"
+    request: str
+    account: str
+    kind: str
+    pattern: str
+    accepted_at: int
+
+
+@dataclass
+class Unwatch(_Event):
+    """UNSUBSCRIBE TOPIC / SUBSCRIBER ``pattern`` (wildcards cover, as for :class:`Unsubscribe`)."""
+
+    TYPE: ClassVar[str] = "unwatch"
+    request: str
+    account: str
+    kind: str
+    pattern: str
+    accepted_at: int
+
+
+@dataclass
+class SetServerTimeout(_Event):
+    """The administrator changed the server's default message timeout."""
+
+    TYPE: ClassVar[str] = "set_server_timeout"
+    request: str
+    timeout: str
+    accepted_at: int
+
+
+@dataclass
+class Sync(_Event):
+    """A barrier: once a gateway has folded it, it has seen everything appended before it."""
+
+    TYPE: ClassVar[str] = "sync"
+    request: str
 
 
 @dataclass
@@ -137,8 +255,14 @@ class Progress(_Event):
 
 
 EVENT_TYPES: dict[str, type[_Event]] = {
-    cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Deliver, Acked, Progress)
+    cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, CreateTopic, RemoveTopic, RenameTopic,
+                              SetTopicKeywords, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
+                              Deliver, Acked, Progress)
 }
+
+#: Events the gateways' registry folds; they travel on commands partition 0.
+CONTROL_TYPES = frozenset({Subscribe, Unsubscribe, CreateTopic, RemoveTopic, RenameTopic, SetTopicKeywords,
+                           SetLogin, Watch, Unwatch, SetServerTimeout, Sync})
 
 
 def decode(raw: bytes | str) -> _Event:
