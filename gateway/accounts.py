@@ -43,17 +43,27 @@ def verify_password(password: str, stored: str) -> bool:
 
 
 class Accounts:
-    """Authenticates CLEAR logins against configured hashes (and ``guest``)."""
+    """Authenticates CLEAR logins against configured hashes (and ``guest``).
 
-    def __init__(self, hashes: Mapping[str, str], allow_guest: bool = True):
+    ``overrides`` maps an account to the hash its last SET LOGIN PASSWORD
+    stored (the registry's fold of the control log); it wins over the file.
+    """
+
+    def __init__(self, hashes: Mapping[str, str], allow_guest: bool = True,
+                 overrides: Mapping[str, str] | None = None):
         self._hashes = {name.lower(): value for name, value in hashes.items()}
         self._allow_guest = allow_guest
+        self._overrides = {} if overrides is None else overrides
+
+    def exists(self, account: str) -> bool:
+        name = account.lower()
+        return name in self._hashes or (name == GUEST and self._allow_guest)
 
     def authenticate(self, account: str, password: str) -> AuthResult:
         name = account.lower()
-        if name == GUEST and self._allow_guest and name not in self._hashes:
+        if name == GUEST and self._allow_guest and name not in self._hashes and name not in self._overrides:
             return AuthResult.OK if password == "" else AuthResult.BAD_PASSWORD
-        stored = self._hashes.get(name)
+        stored = self._overrides.get(name) or self._hashes.get(name)
         if stored is None:
             return AuthResult.UNKNOWN_ACCOUNT
         return AuthResult.OK if verify_password(password, stored) else AuthResult.BAD_PASSWORD

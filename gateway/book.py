@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from typing import Callable
 
 from schemas.events import Acked, Deliver, Progress
 
@@ -45,8 +46,23 @@ class NotifyQueue:
             self._seen.add(deliver.smuid)
             heapq.heappush(self._heap, (_order(deliver), deliver))
 
-    def pop(self) -> Deliver | None:
-        return heapq.heappop(self._heap)[1] if self._heap else None
+    def pop(self, skip: Callable[[Deliver], bool] = lambda deliver: False) -> Deliver | None:
+        """The first delivery in order that ``skip`` does not hold back (SET NOTIFY SUSPEND)."""
+        held = []
+        found = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            if not skip(entry[1]):
+                found = entry[1]
+                break
+            held.append(entry)
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return found
+
+    def requeue(self, deliver: Deliver) -> None:
+        """Put back a delivery that was popped but not acknowledged."""
+        heapq.heappush(self._heap, (_order(deliver), deliver))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -91,3 +107,7 @@ class DeliveryBook:
 
     def pending_count(self, account: str) -> int:
         return len(self._pending.get(account, ()))
+
+    def pending_for_topic(self, topic: str) -> int:
+        """Deliveries of ``topic``'s messages not acknowledged yet (REMOVE TOPIC's reply)."""
+        return sum(1 for pending in self._pending.values() for d in pending.values() if d.topic == topic)

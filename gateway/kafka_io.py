@@ -45,8 +45,10 @@ class DurableLog:
         producer.partitions_for(self._topic)  # fetch metadata now, not on the first append
         return producer
 
-    def append(self, key: bytes, value: bytes, *, immediate: bool = False) -> asyncio.Future:
-        """Send one record; the returned future resolves when it is durable, or fails."""
+    def append(self, key: bytes, value: bytes, *, immediate: bool = False,
+               partition: int | None = None) -> asyncio.Future:
+        """Send one record; the returned future resolves to its RecordMetadata once it is
+        durable, or fails.  ``partition`` pins it (control events go to partition 0)."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future = loop.create_future()
 
@@ -60,7 +62,7 @@ class DurableLog:
 
         producer = self._immediate if immediate else self._batching
         try:
-            sent = producer.send(self._topic, key=key, value=value)
+            sent = producer.send(self._topic, key=key, value=value, partition=partition)
         except Exception as error:  # metadata timeout, buffer full: not durable
             result.set_exception(error)
             return result
@@ -123,6 +125,70 @@ def read_acks_since(config: KafkaConfig, offsets: dict[str, int], timeout: float
         return acks
     finally:
         consumer.close()
+
+
+#: Record prefixes of the commands the registry does not fold (skipped undecoded).
+_NOT_CONTROL = (b'{"type":"publish"', b'{"type":"ack"')
+
+
+class ControlTail:
+    """A thread folding commands partition 0 from its start into the gateway's registry.
+
+    ``on_records`` runs in the event loop with ``[(offset, event | None), …]`` in
+    offset order (None for records the registry skips: publishes, acks,
+    undecodable ones), so the loop always knows how far the fold got.
+    ``ready`` is set once the partition's end at start-up has been folded.
+    """
+
+    def __init__(self, config: KafkaConfig, loop: asyncio.AbstractEventLoop,
+                 on_records: Callable[[list], None]):
+        self._config = config
+        self._loop = loop
+        self._on_records = on_records
+        self._stop = threading.Event()
+        self.ready = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="control-tail", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        consumer = _new_consumer(self._config)
+        try:
+            _assign_all(consumer, self._config.commands_topic)
+            partition = TopicPartition(self._config.commands_topic, 0)
+            consumer.assign([partition])
+            consumer.seek_to_beginning(partition)
+            started = time.monotonic()
+            signalled = False
+            while not self._stop.is_set():
+                polled = consumer.poll(timeout_ms=100)
+                records = [(r.offset, self._decode(r.value)) for rs in polled.values() for r in rs]
+                if records:
+                    self._loop.call_soon_threadsafe(self._on_records, records)
+                if not signalled and (_caught_up(consumer, [partition])
+                                      or (not polled and time.monotonic() - started > 5)):
+                    signalled = True
+                    self._loop.call_soon_threadsafe(self.ready.set)
+        except Exception:  # the gateway cannot answer without its registry: make it loud
+            log.exception("control tail stopped")
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        finally:
+            consumer.close()
+
+    @staticmethod
+    def _decode(raw: bytes):
+        if raw.startswith(_NOT_CONTROL):
+            return None
+        try:
+            return decode(raw)
+        except (ValueError, TypeError, KeyError):
+            log.warning("skipping undecodable commands record %r", raw[:80])
+            return None
 
 
 class DeliveriesTail:

@@ -36,6 +36,7 @@ Wire rules (spec section 4, decided where the spec is loose):
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import MappingProxyType
@@ -43,7 +44,9 @@ from typing import Callable, Union
 
 from gateway.replies import (
     BAD_REQUEST,
+    CONFLICT,
     ENTITY_TOO_LARGE,
+    FORBIDDEN,
     LENGTH_REQUIRED,
     MAX_QUANTITIES_EXCEEDED,
     NOT_ALLOWED,
@@ -55,7 +58,23 @@ from gateway.replies import (
     Reply,
 )
 from schemas.config import GatewayConfig
-from schemas.events import Ack, Deliver, Headers, Publish, Section, Subscribe, Unsubscribe
+from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH
+from schemas.events import (
+    Ack,
+    CreateTopic,
+    Deliver,
+    Headers,
+    Publish,
+    RemoveTopic,
+    RenameTopic,
+    Section,
+    SetLogin,
+    SetTopicKeywords,
+    Subscribe,
+    Unsubscribe,
+    Unwatch,
+    Watch,
+)
 from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
 from schemas.topics import RootWildcardError, TopicError, account_topic, canonical, parse_pattern
 
@@ -110,7 +129,49 @@ class Close:
     """Close the connection once the actions before it are done."""
 
 
-Action = Union[Send, Durable, LoggedIn, Close]
+@dataclass(frozen=True)
+class Control:
+    """Append ``event`` (a control event) to commands partition 0, wait until this gateway's
+    registry has folded it, then write the outcome the fold recorded for ``event.request``."""
+
+    event: object
+
+
+@dataclass(frozen=True)
+class Consult:
+    """Answer from the registry, in command order, once this connection's earlier
+    :class:`Control` events are folded.  ``decide(final)`` returns the actions to carry
+    out, or None when what it looked for is missing: the I/O layer then appends a
+    ``Sync`` barrier, waits until it is folded (so it has seen every gateway's writes
+    acknowledged before) and calls ``decide(True)``, which must answer."""
+
+    decide: Callable[[bool], "list[Action] | None"]
+
+
+@dataclass(frozen=True)
+class ReadMessages:
+    """Load the stored messages of ``topics`` (off the event loop), then carry out
+    ``render(messages)``, in command order."""
+
+    topics: tuple[str, ...]
+    render: Callable[[list], "list[Action]"]
+
+
+@dataclass(frozen=True)
+class ConnectNotify:
+    """SET NOTIFY PORT: connect to the client's listener (``host`` None: the peer's
+    address), send notifications there, and reply 200, or 404/408 when it cannot."""
+
+    host: str | None
+    port: int
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Notification state changed (RESUME): offer the next NOTIFY if one is due."""
+
+
+Action = Union[Send, Durable, LoggedIn, Close, Control, Consult, ReadMessages, ConnectNotify, Wake]
 
 
 # --------------------------------------------------------------------------
@@ -525,6 +586,68 @@ def _valid_account(name: str) -> bool:
 
 
 # --------------------------------------------------------------------------
+# Rendering other server frames
+
+
+def render_topic_notify(topic: str, action: str) -> bytes:
+    """NOTIFY TOPIC (4.1.11.2): ``Action: ADDED | RENAME <new> | DELETED | KEYWORDS <keywords>``."""
+    return render_lines([f"NOTIFY TOPIC {topic}", f"Action: {action}"]) + CRLF
+
+
+def render_subscribers_notify(topic: str, count: int) -> bytes:
+    """NOTIFY SUBSCRIBERS (4.1.11.3), in the spec example's short form."""
+    return render_lines([f"NOTIFY SUB {topic}", f"COUNT: {count}"]) + CRLF
+
+
+def render_server_timeout_notify(timeout: str) -> bytes:
+    """NOTIFY SERVER TIMEOUT (4.1.11.4.1): the server's default message timeout."""
+    return render_lines([f"NOTIFY SERVER TIMEOUT {timeout}"]) + CRLF
+
+
+def render_stored(message, server_host: str) -> bytes:
+    """One message of a GET MESSAGE reply: ``Topic:``, the NOTIFY attributes, body, ``.``."""
+    notify = render_notify(message.to_deliver(message.publisher), server_host)
+    return render_lines([f"Topic: {message.topic}"]) + notify.split(CRLF, 1)[1][:-len(CRLF)]
+
+
+def format_ranges(smuids: list[int]) -> str:
+    """``[1809, 1810, 1811, 1845]`` → ``1809-1811,1845`` (LIST MESSAGE, 4.1.3.2)."""
+    parts: list[str] = []
+    ordered = sorted(set(smuids))
+    start = 0
+    for index in range(1, len(ordered) + 1):
+        if index == len(ordered) or ordered[index] != ordered[index - 1] + 1:
+            first, last = ordered[start], ordered[index - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = index
+    return ",".join(parts)
+
+
+def parse_ranges(text: str) -> Callable[[int], bool] | None:
+    """``*``, ``1865``, ``1845-1890,1905`` → a membership test; None if malformed."""
+    if text == "*":
+        return lambda smuid: True
+    bounds: list[tuple[int, int]] = []
+    for part in text.split(","):
+        first, dash, last = part.partition("-")
+        if not (first.isascii() and first.isdigit()) or (dash and not (last.isascii() and last.isdigit())):
+            return None
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            return None
+        bounds.append((low, high))
+    return lambda smuid: any(low <= smuid <= high for low, high in bounds)
+
+
+def parse_keywords(text: str) -> list[str] | None:
+    """``(IBM,STOCKS,BIG BLUE)`` → the keywords; None when not parenthesised."""
+    text = text.strip()
+    if not (text.startswith("(") and text.endswith(")")):
+        return None
+    return [k.strip() for k in text[1:-1].split(",") if k.strip()]
+
+
+# --------------------------------------------------------------------------
 # The session
 
 
@@ -545,49 +668,73 @@ class _OpenPublish:
     topic: str
     cmuid: str
     error: Reply | None  # decided by the command line, sent after the body
+    reply: bool = False  # PUB REPLY
 
 
 #: Verb (and abbreviation) → handler suffix: ``smqp_<suffix>``.
 _VERBS = MappingProxyType({
     "LOGIN": "LOGIN",
     "PASS": "PASS", "PASSWORD": "PASS",
+    "COUNT": "COUNT",
+    "LIST": "LIST",
+    "CREATE": "CREATE",
+    "REMOVE": "REMOVE", "REM": "REMOVE",
+    "SET": "SET",
+    "FIND": "FIND",
     "PUB": "PUBLISH", "PUBLISH": "PUBLISH",
     "SUB": "SUBSCRIBE", "SUBSCRIBE": "SUBSCRIBE",
     "UNSUB": "UNSUBSCRIBE", "UNSUBSCRIBE": "UNSUBSCRIBE",
+    "GET": "GET",
     "310": "ACK",
     "NOOP": "NOOP",
     "QUIT": "QUIT",
-    **{verb: "not_implemented" for verb in ("COUNT", "LIST", "CREATE", "REMOVE", "REM", "SET", "FIND", "GET")},
 })
 
 #: Verbs served before login.  PUBLISH answers 401 itself, after its body.
 _OPEN_VERBS = frozenset({"LOGIN", "PASS", "PASSWORD", "NOOP", "QUIT", "PUB", "PUBLISH"})
 
-_MESSAGE = frozenset({"MESSAGE", "MESS"})
-_PUB_RESOURCES = frozenset({*_MESSAGE, "REPLY"})
-#: SUB/UNSUB resources the spec has and this gateway does not serve yet.
-_OTHER_SUB_RESOURCES = frozenset({"TOPIC", "SUBSCRIBER", "SUBSCRIBERS", "SUB", "SERVER", "SERV", "*"})
+_MESSAGE = frozenset({"MESSAGE", "MESS", "MESSAGES"})
+_TOPIC = frozenset({"TOPIC", "TOPICS"})
+_SUBSCRIBERS = frozenset({"SUBSCRIBERS", "SUBSCRIBER", "SUB"})
+_SERVER = frozenset({"SERVER", "SERV"})
+_PROFILE = MappingProxyType({"NAME": "name", "EMAIL": "email", "ADDRESS": "address", "PHONE": "phone"})
+_CREATE_ARGS = re.compile(r"^(?P<topic>\S+)(?:\s+(?P<keywords>\([^)]*\)))?(?:\s+>\s*(?P<target>\S+))?\s*$")
 
 
 class Session:
-    """One client connection's SMQP state machine."""
+    """One client connection's SMQP state machine.
+
+    ``registry`` is read only: the gateway's fold of the control log
+    (:class:`gateway.registry.Registry`).  Commands that change it become
+    :class:`Control` actions, commands that read it :class:`Consult` actions,
+    so answers keep command order and see this session's own writes.
+    """
 
     def __init__(self, config: GatewayConfig, authenticate: Callable[[str, str], AuthResult], *,
                  clock: Callable[[], datetime], new_guid: Callable[[str], str],
-                 new_smuid: Callable[[], int]):
+                 new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
+                 hash_password: Callable[[str], str] = lambda password: password):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
         self._new_guid = new_guid
         self._new_smuid = new_smuid
+        self._registry = registry
+        self._new_request = new_request
+        self._hash_password = hash_password
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
         self._account: str | None = None
         self._guid: str | None = None
         self._publish: _OpenPublish | None = None
+        self._continuation: Callable[[bytes], list[Action]] | None = None
         self._awaiting_ack: int | None = None
         self._bad_commands = 0
+        self._line = ""  # the command line being handled, for arguments with spaces
+        self._suspended: set[str] = set()  # SET NOTIFY SUSPEND patterns; "*" is everything
+        self._resumed: set[str] = set()  # RESUMEd patterns while "*" is suspended
+        self.watches_server_timeout = False
         self._handlers = MappingProxyType({verb: getattr(self, f"smqp_{name}") for verb, name in _VERBS.items()})
 
     # -- public API
@@ -650,6 +797,25 @@ class Session:
         self._awaiting_ack = deliver.smuid
         return render_notify(deliver, self._config.server_host)
 
+    def notify_abandoned(self) -> None:
+        """The NOTIFY in flight was lost with its connection (SET NOTIFY PORT): it stays pending."""
+        self._awaiting_ack = None
+
+    def channel_ack(self, line: bytes) -> list[Action]:
+        """A line read on the SET NOTIFY PORT connection: only ``310 ACK`` is expected there."""
+        words = line.decode("utf-8", "replace").split()
+        if not words:
+            return []
+        if words[0] != "310":
+            return self._reply(Reply.error(BAD_REQUEST, "only 310 ACK is read on the notification port"))
+        return self.smqp_ACK("310", words[1:])
+
+    def suspended(self, topic: str) -> bool:
+        """SET NOTIFY SUSPEND holds NOTIFY MESSAGE for ``topic``."""
+        def hit(patterns: set[str]) -> bool:
+            return any(p == "*" or parse_pattern(p).matches(topic) for p in patterns)
+        return hit(self._suspended) and not ("*" in self._suspended and hit(self._resumed))
+
     def frame_timeout(self) -> list[Action]:
         """The frame timer fired: 408 and close if a frame is unfinished, else nothing."""
         if not self.in_frame:
@@ -674,15 +840,20 @@ class Session:
         if line is Need.DATA:
             return None
         if line is Need.LINE_TOO_LONG:
+            self._continuation = None
             return self._bad(Reply.error(BAD_REQUEST, "line too long"))
+        if self._continuation is not None:
+            continuation, self._continuation = self._continuation, None
+            return continuation(line)
         return self._dispatch(line)
 
     def _dispatch(self, line: bytes) -> list[Action]:
         """One command line → its ``smqp_<VERB>`` handler."""
         try:
-            words = line.decode("utf-8").split()
+            self._line = line.decode("utf-8")
         except UnicodeDecodeError:
             return self._bad(Reply.error(BAD_REQUEST, "command is not UTF-8"))
+        words = self._line.split()
         if not words:
             return []
         verb = words[0].upper()
@@ -692,6 +863,11 @@ class Session:
         if not self.logged_in and verb not in _OPEN_VERBS:
             return self._reply(Reply.error(UNAUTHORIZED, "LOGIN first"))
         return handler(verb, words[1:])
+
+    def _rest(self, words: int) -> str:
+        """The command line after its first ``words`` words, spaces inside kept."""
+        parts = self._line.strip().split(None, words)
+        return parts[words].strip() if len(parts) > words else ""
 
     # -- helpers
 
@@ -721,8 +897,42 @@ class Session:
     def _usage(self, usage: str) -> list[Action]:
         return self._bad(Reply.error(BAD_REQUEST, f"usage: {usage}"))
 
-    def _not_implemented(self, what: str) -> list[Action]:
-        return self._reply(Reply.error(NOT_IMPLEMENTED, what))
+    def _topic(self, text: str) -> tuple[Reply | None, str]:
+        """(error, canonical topic) for a concrete topic argument."""
+        try:
+            return None, canonical(text)
+        except TopicError as error:
+            return topic_error(error), ""
+
+    def _pattern(self, text: str, *, star_is_all: bool = False) -> tuple[Reply | None, str]:
+        """(error, canonical pattern) for a topic or ``/a/*`` argument; ``*`` → ``/*`` if allowed."""
+        if star_is_all and text in ("*", "/*"):
+            return None, "/*"
+        try:
+            return None, parse_pattern(text).text
+        except TopicError as error:
+            return topic_error(error), ""
+
+    def _consult(self, decide: Callable[[], list[Action] | None], missing: str) -> list[Action]:
+        """:class:`Consult` whose final answer is 404 ``missing`` when ``decide`` finds nothing."""
+        def final(is_final: bool) -> list[Action] | None:
+            actions = decide()
+            if actions is None and is_final:
+                return self._reply(Reply.error(NOT_FOUND, missing))
+            return actions
+        return [Consult(final)]
+
+    def _control(self, event) -> list[Action]:
+        return [Control(event)]
+
+    def _exists(self, pattern: str) -> bool:
+        """A topic, or a wildcard's parent topic, that exists for this login."""
+        base = pattern[:-2] if pattern.endswith("/*") else pattern
+        return base == "" or self._registry.live(base)
+
+    def _own_or_public(self, topic: str) -> bool:
+        """Account topics are private to their account."""
+        return not topic.startswith("/accounts/") or topic == account_topic(self._account)
 
     # -- handlers: one per verb, abbreviations share them
 
@@ -756,94 +966,402 @@ class Session:
             return self._reply(Reply.error(NOT_FOUND, "account not found"))
         if result is not AuthResult.OK:
             return self._reply(Reply.error(UNAUTHORIZED, "password not correct"))
-        return self._log_in(user)
+        return self._log_in(user.lower())
 
     def _log_in(self, user: str) -> list[Action]:
         """The 4.1.1 login reply, in the spec example's attribute order."""
         self._phase, self._account, self._guid = _Phase.READY, user, self._new_guid(user)
+        timeout = self._registry.server_timeout if self._registry else self._config.default_timeout
         reply = Reply.ok(
             f"Topic: {account_topic(user)}",
-            f"Timeout: {self._config.default_timeout}",
+            f"Timeout: {timeout}",
             f"Time: {format_date_time(self._clock())}",
             f"Guid: {self._guid}",
         )
         return [Send(reply.to_bytes()), LoggedIn(user, self._guid)]
 
-    def smqp_PUBLISH(self, verb: str, args: list[str]) -> list[Action]:
-        """``PUB MESSAGE <topic> <cmuid>`` opens a body; errors wait for its end."""
+    # COUNT, LIST, FIND, GET: reads
+
+    def smqp_COUNT(self, verb: str, args: list[str]) -> list[Action]:
+        """``COUNT TOPIC|MESSAGE|SUBSCRIBERS <topic>``; a wildcard leaf counts every descendant."""
         resource = args[0].upper() if args else ""
-        if resource not in _PUB_RESOURCES:
-            return self._usage("PUBLISH MESSAGE <topic> <cmuid>")
-        error, topic = self._publish_target(resource, args[1:])
+        if len(args) != 2 or resource not in _TOPIC | _MESSAGE | _SUBSCRIBERS:
+            return self._usage("COUNT TOPIC|MESSAGE|SUBSCRIBERS <topic>")
+        error, pattern = self._pattern(args[1], star_is_all=resource in _TOPIC)
+        if error is not None:
+            return self._error(error)
+        registry = self._registry
+
+        def decide() -> list[Action] | None:
+            if not self._exists(pattern) or not self._own_or_public(pattern):
+                return None
+            if resource in _TOPIC:
+                count = len(registry.descendants(pattern[:-2] or "/")) if pattern.endswith("/*") \
+                    else len(registry.children(pattern))
+            elif resource in _SUBSCRIBERS:
+                count = registry.subscribers_in_scope(pattern)
+            else:
+                topics = registry.matching(pattern) if pattern.endswith("/*") else [pattern]
+                return [ReadMessages(tuple(topics), lambda found: self._reply(Reply.ok(str(len(found)))))]
+            return self._reply(Reply.ok(str(count)))
+        return self._consult(decide, pattern)
+
+    def smqp_LIST(self, verb: str, args: list[str]) -> list[Action]:
+        """``LIST TOPIC <topic>``, ``LIST MESSAGE <topic>``, ``LIST SUBSCRIPTIONS``."""
+        resource = args[0].upper() if args else ""
+        if resource in ("SUBSCRIPTIONS", "SUBSCRIOTIONS", "SUB") and len(args) == 1:
+            return [Consult(lambda final: self._reply(Reply.ok(
+                *[s.pattern for s in self._registry.account_subscriptions(self._account)])))]
+        if len(args) != 2 or resource not in _TOPIC | _MESSAGE:
+            return self._usage("LIST TOPIC <topic> | LIST MESSAGE <topic> | LIST SUBSCRIPTIONS")
+        if resource in _TOPIC and args[1] == "/":
+            return [Consult(lambda final: self._reply(Reply.ok(*self._topic_lines(self._registry.children("/")))))]
+        error, topic = self._topic(args[1])
+        if error is not None:
+            return self._error(error)
+        registry = self._registry
+
+        def decide() -> list[Action] | None:
+            if resource in _TOPIC:
+                if not registry.visible(topic):
+                    return None
+                return self._reply(Reply.ok(*self._topic_lines(registry.children(topic))))
+            if not self._own_or_public(topic) or topic not in registry.topics and not registry.live(topic):
+                return None
+            return [ReadMessages((topic,), self._render_list)]
+        return self._consult(decide, topic)
+
+    def _topic_lines(self, paths: list[str]) -> list[str]:
+        """``/path`` or, for a virtual topic, ``/path > /target`` (4.1.3.1)."""
+        topics = self._registry.topics
+        return [f"{p} > {topics[p].target}" if topics[p].target else p for p in paths]
+
+    def _render_list(self, messages: list) -> list[Action]:
+        ranges = format_ranges([m.smuid for m in messages])
+        return self._reply(Reply.ok(ranges) if ranges else Reply.ok())
+
+    def smqp_FIND(self, verb: str, args: list[str]) -> list[Action]:
+        """``FIND TOPIC <topic>|<topic>/* [keyword[,keyword]…]``: topics with their keywords."""
+        if len(args) < 2 or args[0].upper() not in _TOPIC:
+            return self._usage("FIND TOPIC <topic> [keyword[,keyword]...]")
+        error, pattern = self._pattern(args[1])
+        if error is not None:
+            return self._error(error)
+        keywords = [k.strip() for k in self._rest(3).split(",") if k.strip()]
+        registry = self._registry
+
+        def decide() -> list[Action] | None:
+            if not self._exists(pattern):
+                return None
+            scope = [pattern] if pattern.endswith("/*") or not keywords else [pattern, pattern + "/*"]
+            found = {t.path: t for s in scope for t in registry.find(s, keywords)}
+            if not found:
+                return None
+            return self._reply(Reply.ok(*[
+                f"{path} ({','.join(found[path].keywords)})" if found[path].keywords else path
+                for path in sorted(found)]))
+        return self._consult(decide, f"no topic matches {pattern} {','.join(keywords)}".strip())
+
+    def smqp_GET(self, verb: str, args: list[str]) -> list[Action]:
+        """``GET MESSAGE <topic> <smuid|ranges|*>`` (non-destructive), ``GET TOPIC KEYWORDS <topic>``."""
+        resource = args[0].upper() if args else ""
+        if resource in _TOPIC and len(args) == 3 and args[1].upper() in ("KEYWORDS", "KEYWORD", "KEY"):
+            error, topic = self._topic(args[2])
+            if error is not None:
+                return self._error(error)
+            return self._consult(lambda: self._reply(Reply.ok(",".join(self._registry.topics[topic].keywords)))
+                                 if self._registry.visible(topic) else None, topic)
+        if resource not in _MESSAGE or len(args) != 3:
+            return self._usage("GET MESSAGE <topic> <smuid|ranges|*> | GET TOPIC KEYWORDS <topic>")
+        error, topic = self._topic(args[1])
+        if error is not None:
+            return self._error(error)
+        wanted = parse_ranges(args[2])
+        if wanted is None:
+            return self._usage("GET MESSAGE <topic> <smuid|first-last[,...]|*>")
+
+        def render(messages: list) -> list[Action]:
+            chosen = [m for m in messages if wanted(m.smuid)]
+            if not chosen:
+                return self._reply(Reply.error(NOT_FOUND, f"no such message in {topic}"))
+            body = b"".join(render_stored(m, self._config.server_host) for m in chosen)
+            return [Send(b"200 OK\r\n" + body + CRLF)]
+
+        def decide() -> list[Action] | None:
+            if not self._own_or_public(topic) or topic not in self._registry.topics and not self._registry.live(topic):
+                return None
+            return [ReadMessages((topic,), render)]
+        return self._consult(decide, topic)
+
+    # CREATE, REMOVE, SET: control
+
+    def smqp_CREATE(self, verb: str, args: list[str]) -> list[Action]:
+        """``CREATE TOPIC <topic> [(keyword,…)] [> <target>]``."""
+        match = _CREATE_ARGS.match(self._rest(2)) if args and args[0].upper() == "TOPIC" else None
+        if match is None:
+            return self._usage("CREATE TOPIC <topic> [(keyword,...)] [> <target-topic>]")
+        error, topic = self._topic(match["topic"])
+        if error is not None:
+            return self._error(error)
+        if topic.startswith("/accounts"):
+            return self._reply(Reply.error(NOT_ALLOWED, "account topics are created with their accounts"))
+        target = match["target"]
+        if target is not None:
+            if not target.startswith("/"):
+                return self._reply(Reply.error(NOT_IMPLEMENTED, "virtual topics on remote servers"))
+            error, target = self._topic(target)
+            if error is not None:
+                return self._error(error)
+            if target == topic:
+                return self._reply(Reply.error(CONFLICT, "a topic cannot link to itself"))
+        keywords = parse_keywords(match["keywords"]) if match["keywords"] else []
+        return self._control(CreateTopic(self._new_request(), self._account, topic, self._now(), keywords, target))
+
+    def smqp_REMOVE(self, verb: str, args: list[str]) -> list[Action]:
+        """``REMOVE TOPIC <topic>``: ``200 N messages pending``; pending deliveries still go out."""
+        if len(args) != 2 or args[0].upper() not in _TOPIC:
+            return self._usage("REMOVE TOPIC <topic>")
+        error, topic = self._topic(args[1])
+        if error is not None:
+            return self._error(error)
+        return self._control(RemoveTopic(self._new_request(), self._account, topic, self._now()))
+
+    def smqp_SET(self, verb: str, args: list[str]) -> list[Action]:
+        """``SET TOPIC NAME|KEYWORD``, ``SET LOGIN PASSWORD|NAME|EMAIL|ADDRESS|PHONE``,
+        ``SET NOTIFY PORT|SUSPEND|RESUME``."""
+        resource = args[0].upper() if args else ""
+        attribute = args[1].upper() if len(args) > 1 else ""
+        if resource == "TOPIC" and attribute == "NAME":
+            return self._set_topic_name(args[2:])
+        if resource == "TOPIC" and attribute in ("KEYWORD", "KEYWORDS", "KEY"):
+            return self._set_topic_keywords(args[2:])
+        if resource == "LOGIN" and attribute in ("PASSWORD", "PASS"):
+            return self._set_password(args[2:])
+        if resource == "LOGIN" and attribute in _PROFILE and self._rest(3):
+            return self._control(SetLogin(self._new_request(), self._account, _PROFILE[attribute],
+                                          self._rest(3), self._now()))
+        if resource == "NOTIFY" and attribute == "PORT":
+            return self._set_notify_port(args[2:])
+        if resource == "NOTIFY" and attribute in ("SUSPEND", "SUS", "RESUME", "RES"):
+            return self._suspend_or_resume(attribute.startswith("SUS"), args[2:])
+        return self._usage("SET TOPIC NAME|KEYWORD ... | SET LOGIN PASSWORD|NAME|EMAIL|ADDRESS|PHONE ... "
+                           "| SET NOTIFY PORT|SUSPEND|RESUME ...")
+
+    def _set_topic_name(self, args: list[str]) -> list[Action]:
+        if len(args) != 2:
+            return self._usage("SET TOPIC NAME <topic> <new-topic>")
+        error, topic = self._topic(args[0])
+        error = error or self._topic(args[1])[0]
+        if error is not None:
+            return self._error(error)
+        new = canonical(args[1])
+        if new == topic:
+            return self._reply(Reply.error(CONFLICT, "new-topic and topic are the same"))
+        return self._control(RenameTopic(self._new_request(), self._account, topic, new, self._now()))
+
+    def _set_topic_keywords(self, args: list[str]) -> list[Action]:
+        keywords = parse_keywords(self._rest(4)) if args else None
+        if keywords is None:
+            return self._usage("SET TOPIC KEYWORD <topic> (keyword,...)")
+        error, topic = self._topic(args[0])
+        if error is not None:
+            return self._error(error)
+        return self._control(SetTopicKeywords(self._new_request(), self._account, topic, keywords, self._now()))
+
+    def _set_password(self, args: list[str]) -> list[Action]:
+        """CLEAR negotiation: ``200 + old password``, the old one, ``+ new password``, the new one."""
+        if len(args) != 1 or "/" not in args[0]:
+            return self._usage("SET LOGIN PASSWORD <method>/<version>")
+        if args[0].split("/", 1)[0].upper() != "CLEAR":
+            return self._reply(Reply.error(NOT_ALLOWED))
+
+        def new_password(old: str, line: bytes) -> list[Action]:
+            if self._authenticate(self._account, old) is not AuthResult.OK:
+                return self._reply(Reply.error(UNAUTHORIZED, "old password not correct"))
+            new = line.decode("utf-8", "replace")
+            return self._control(SetLogin(self._new_request(), self._account, "password",
+                                          self._hash_password(new), self._now()))
+
+        def old_password(line: bytes) -> list[Action]:
+            old = line.decode("utf-8", "replace")
+            self._continuation = lambda new_line: new_password(old, new_line)
+            return [Send(b"+ new password\r\n\r\n")]
+
+        self._continuation = old_password
+        return self._reply(Reply.ok("+ old password"))
+
+    def _set_notify_port(self, args: list[str]) -> list[Action]:
+        if not 1 <= len(args) <= 2 or not (args[0].isascii() and args[0].isdigit()) \
+                or not 0 < int(args[0]) < 65536:
+            return self._usage("SET NOTIFY PORT <ip-port> [ip-address]")
+        return [ConnectNotify(args[1] if len(args) == 2 else None, int(args[0]))]
+
+    def _suspend_or_resume(self, suspend: bool, args: list[str]) -> list[Action]:
+        if len(args) > 1:
+            return self._usage("SET NOTIFY SUSPEND|RESUME [topic]")
+        error, pattern = self._pattern(args[0]) if args and args[0] != "*" else (None, "*")
+        if error is not None:
+            return self._error(error)
+        if suspend:
+            if pattern == "*":
+                self._suspended, self._resumed = {"*"}, set()
+            else:
+                self._suspended.add(pattern)
+                self._resumed.discard(pattern)
+            return self._reply(Reply.ok())
+        if pattern == "*":
+            self._suspended, self._resumed = set(), set()
+        elif pattern in self._suspended:
+            self._suspended.discard(pattern)
+        elif "*" in self._suspended:
+            self._resumed.add(pattern)
+        return [Send(Reply.ok().to_bytes()), Wake()]
+
+    # PUBLISH
+
+    def smqp_PUBLISH(self, verb: str, args: list[str]) -> list[Action]:
+        """``PUB MESSAGE <topic> <cmuid>`` / ``PUB REPLY <topic> <cmuid>`` open a body;
+        errors wait for its end."""
+        resource = args[0].upper() if args else ""
+        if resource not in _MESSAGE | {"REPLY"}:
+            return self._usage("PUBLISH MESSAGE|REPLY <topic> <cmuid>")
+        error, topic = self._publish_target(args[1:])
         framer = MessageFramer(max_header_lines=self._config.max_header_lines,
                                max_message_bytes=self._config.max_message_bytes, keep_data=error is None)
-        self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error)
+        self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error, resource == "REPLY")
         return []
 
-    def _publish_target(self, resource: str, args: list[str]) -> tuple[Reply | None, str]:
+    def _publish_target(self, args: list[str]) -> tuple[Reply | None, str]:
         """(error to send after the body, canonical topic)."""
         if not self.logged_in:
             return Reply.error(UNAUTHORIZED, "LOGIN first"), ""
-        if resource == "REPLY":
-            return Reply.error(NOT_IMPLEMENTED, "PUBLISH REPLY"), ""
         if len(args) != 2:
-            return Reply.error(BAD_REQUEST, "usage: PUBLISH MESSAGE <topic> <cmuid>"), ""
-        try:
-            return None, canonical(args[0])
-        except TopicError as error:
-            return topic_error(error), ""
+            return Reply.error(BAD_REQUEST, "usage: PUBLISH MESSAGE|REPLY <topic> <cmuid>"), ""
+        return self._topic(args[0])
 
     def _finish_publish(self, publish: _OpenPublish) -> list[Action]:
-        """The body has ended: the first error, or the durable Publish and its 200."""
+        """The body has ended: the first error, or the durable Publish and its reply."""
         framer = publish.framer
         error = publish.error or framer.error or check_message_headers(framer.headers)
         if error is not None:
             return self._error(error)
+        if publish.reply:
+            return self._finish_reply(publish)
+        topic = publish.topic
+        if topic.startswith("/accounts/"):
+            return self._reply(Reply.error(NOT_ALLOWED, "account topics take replies (PUB REPLY), not messages"))
+
+        def decide() -> list[Action] | None:
+            target = self._registry.resolve(topic)
+            return None if target is None else self._durable_publish(publish, target, framer.headers)
+        return self._consult(decide, topic)
+
+    def _finish_reply(self, publish: _OpenPublish) -> list[Action]:
+        """PUB REPLY: to the account topic of the publisher named by the ``Cmuid`` attribute."""
+        original = next((v for n, v in publish.framer.headers if n.lower() == "cmuid"), "")
+        account = original.split("/", 1)[0].lower()
+        if not original or not _valid_account(account):
+            return self._bad(Reply.error(BAD_REQUEST, "PUB REPLY needs the Cmuid attribute of the message replied to"))
+        if not self._registry.is_account(account):
+            return self._reply(Reply.error(NOT_FOUND, f"account {account}"))
+        headers = [(n, v) for n, v in publish.framer.headers if n.lower() not in ("cmuid", "smuid")]
+        headers += [("In-Reply-To", original), ("Reply-Topic", publish.topic)]
+        return self._durable_publish(publish, account_topic(account), headers)
+
+    def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
         event = Publish(
-            smuid=self._new_smuid(), topic=publish.topic, cmuid=publish.cmuid,
+            smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
             account=self._account, guid=self._guid, accepted_at=self._now(),
-            priority=message_priority(framer.headers), headers=framer.headers, sections=framer.sections,
+            priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}")
-        return [Durable(event, publish.topic.encode("utf-8"), reply.to_bytes())]
+        return [Durable(event, topic.encode("utf-8"), reply.to_bytes())]
 
-    def _message_pattern(self, verb: str, args: list[str]) -> tuple[list[Action] | None, str]:
-        """Shared SUB/UNSUB parsing: (actions to answer with instead, pattern)."""
-        resource = args[0].upper() if args else ""
-        if resource in _OTHER_SUB_RESOURCES:
-            return self._not_implemented(f"{verb} {resource}"), ""
-        if resource not in _MESSAGE or len(args) < 2:
-            return self._usage(f"{verb} MESSAGE <topic>"), ""
-        if len(args) > 2 and args[2].upper() in ("SINCE", "UNTIL"):
-            return self._not_implemented(f"{verb} MESSAGE {args[2].upper()}"), ""
-        if len(args) != 2:
-            return self._usage(f"{verb} MESSAGE <topic>"), ""
-        try:
-            return None, parse_pattern(args[1]).text
-        except TopicError as error:
-            return self._error(topic_error(error)), ""
+    # SUBSCRIBE, UNSUBSCRIBE
 
     def smqp_SUBSCRIBE(self, verb: str, args: list[str]) -> list[Action]:
-        """``SUB MESSAGE <topic>|<topic>/*``: durable Subscribe, then ``200 <pattern>``."""
-        answer, pattern = self._message_pattern(verb, args)
-        if answer is not None:
-            return answer
-        event = Subscribe(account=self._account, guid=self._guid, pattern=pattern, accepted_at=self._now())
-        return [Durable(event, pattern.encode("utf-8"), Reply.ok(pattern).to_bytes())]
+        """``SUB MESSAGE <topic> [SINCE d] [UNTIL d]``, ``SUB TOPIC|SUBSCRIBER <topic>``,
+        ``SUB SERVER TIMEOUT``."""
+        resource = args[0].upper() if args else ""
+        if resource in _SERVER:
+            if [a.upper() for a in args[1:]] != ["TIMEOUT"]:
+                return self._usage("SUBSCRIBE SERVER TIMEOUT")
+            self.watches_server_timeout = True
+            return [Send(Reply.ok().to_bytes()),
+                    Send(render_server_timeout_notify(self._registry.server_timeout))]
+        if resource in _MESSAGE:
+            return self._subscribe_message(args[1:])
+        if resource in _TOPIC | _SUBSCRIBERS and len(args) == 2:
+            error, pattern = self._pattern(args[1])
+            if error is not None:
+                return self._error(error)
+            kind = TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH
+            return self._consult(lambda: self._control(Watch(self._new_request(), self._account, kind, pattern,
+                                                              self._now())) if self._exists(pattern) else None,
+                                 pattern)
+        return self._usage("SUBSCRIBE MESSAGE|TOPIC|SUBSCRIBER <topic> | SUBSCRIBE SERVER TIMEOUT")
+
+    def _subscribe_message(self, args: list[str]) -> list[Action]:
+        if not args:
+            return self._usage("SUBSCRIBE MESSAGE <topic> [SINCE <date-time>] [UNTIL <date-time>]")
+        error, pattern = self._pattern(args[0])
+        if error is not None:
+            return self._error(error)
+        bounds: dict[str, int] = {}
+        rest = args[1:]
+        while rest:
+            keyword = rest[0].upper()
+            if keyword not in ("SINCE", "UNTIL") or keyword in bounds or len(rest) < 2:
+                return self._usage("SUBSCRIBE MESSAGE <topic> [SINCE <date-time>] [UNTIL <date-time>]")
+            try:
+                bounds[keyword] = to_micros(parse_date_time(rest[1]))
+            except ValueError:
+                return self._bad(Reply.error(BAD_REQUEST, f"bad {keyword} date-time"))
+            rest = rest[2:]
+        since, until = bounds.get("SINCE"), bounds.get("UNTIL")
+        if since is not None and until is not None and until < since:
+            return self._reply(Reply.error(CONFLICT, "UNTIL time precedes SINCE time"))
+
+        def decide() -> list[Action] | None:
+            if not self._own_or_public(pattern):
+                return self._reply(Reply.error(FORBIDDEN, "another account's topic"))
+            target = pattern if pattern.endswith("/*") else self._registry.resolve(pattern)
+            if target is None or not self._exists(pattern):
+                return None
+            return self._control(Subscribe(self._account, self._guid, target, self._now(), since, until,
+                                           self._new_request()))
+        return self._consult(decide, pattern)
 
     def smqp_UNSUBSCRIBE(self, verb: str, args: list[str]) -> list[Action]:
-        """``UNSUB MESSAGE <topic>|<topic>/*``: durable Unsubscribe, then ``200 MESSAGE <pattern>``.
+        """``UNSUB MESSAGE|TOPIC|SUBSCRIBER <topic>|<topic>/*|*``, ``UNSUB SERVER TIMEOUT``, ``UNSUB *``."""
+        resource = args[0].upper() if args else ""
+        if resource == "*" and len(args) == 1:
+            return self._control(Unsubscribe(self._account, self._guid, "/*", self._now(), self._new_request(),
+                                             everything=True))
+        if resource in _SERVER and [a.upper() for a in args[1:]] == ["TIMEOUT"]:
+            self.watches_server_timeout = False
+            return self._reply(Reply.ok("SERVER TIMEOUT"))
+        if len(args) != 2 or resource not in _MESSAGE | _TOPIC | _SUBSCRIBERS:
+            return self._usage("UNSUBSCRIBE MESSAGE|TOPIC|SUBSCRIBER <topic>|<topic>/*|* | UNSUBSCRIBE *")
+        error, pattern = self._pattern(args[1], star_is_all=True)
+        if error is not None:
+            return self._error(error)
+        registry, account = self._registry, self._account
+        if resource in _MESSAGE:
+            def decide() -> list[Action] | None:
+                if not registry.subscribed(account, pattern):
+                    return None
+                return self._control(Unsubscribe(account, self._guid, pattern, self._now(), self._new_request()))
+        else:
+            kind = TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH
 
-        ``UNSUB MESSAGE *`` (everything) needs the subscription list, which
-        the streaming job owns: 501 for now.
-        """
-        if len(args) == 2 and args[1] in ("*", "/*"):
-            return self._not_implemented(f"{verb} MESSAGE *")
-        answer, pattern = self._message_pattern(verb, args)
-        if answer is not None:
-            return answer
-        event = Unsubscribe(account=self._account, guid=self._guid, pattern=pattern, accepted_at=self._now())
-        return [Durable(event, pattern.encode("utf-8"), Reply.ok(f"MESSAGE {pattern}").to_bytes())]
+            def decide() -> list[Action] | None:
+                if not registry.watching(account, kind, pattern):
+                    return None
+                return self._control(Unwatch(self._new_request(), account, kind, pattern, self._now()))
+        return self._consult(decide, f"not subscribed to {pattern}")
+
+    # the rest
 
     def smqp_ACK(self, verb: str, args: list[str]) -> list[Action]:
         """The client's ``310 ACK`` of the pending NOTIFY: durable Ack, then ``310 ACK``."""
@@ -865,7 +1383,3 @@ class Session:
             return self._usage("QUIT")
         self._close()
         return [Send(Reply.ok().to_bytes()), Close()]
-
-    def smqp_not_implemented(self, verb: str, args: list[str]) -> list[Action]:
-        """Spec verbs this gateway does not serve yet."""
-        return self._not_implemented(verb)

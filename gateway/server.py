@@ -3,13 +3,19 @@
 Each connection owns a :class:`gateway.protocol.Session`.  Bytes read go
 into the session; the actions it returns are carried out here, in order:
 ``Send`` is written, ``Durable`` is appended to Kafka and its reply written
-only once Kafka acknowledged it (Property 1), ``LoggedIn`` registers the
-connection for notifications, ``Close`` ends it.  Replies to pipelined
-commands leave in command order.  Notifications come from the deliveries
-topic through a :class:`gateway.book.DeliveryBook`; each login has its own
+only once Kafka acknowledged it (Property 1), ``Control`` is appended to
+commands partition 0 and answered with the outcome this gateway's registry
+fold recorded for it, ``Consult`` / ``ReadMessages`` answer from the
+registry / the Delta messages table, ``LoggedIn`` registers the connection
+for notifications, ``Close`` ends it.  Replies to pipelined commands leave in
+command order.
+
+Notifications come from the deliveries topic through a
+:class:`gateway.book.DeliveryBook`; each login has its own
 :class:`gateway.book.NotifyQueue` (spec section 3: every login of an account
 receives the messages), with one NOTIFY in flight, the next only after the
-server's ``310 ACK`` (spec 4.1.11.1).
+server's ``310 ACK`` (spec 4.1.11.1).  NOTIFY TOPIC / SUBSCRIBERS / SERVER
+TIMEOUT come from the registry fold, to the logins connected here.
 """
 
 from __future__ import annotations
@@ -19,18 +25,35 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections import defaultdict
+import uuid
+from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from gateway.accounts import Accounts
+from gateway.accounts import Accounts, hash_password
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
-from gateway.kafka_io import DeliveriesTail, DurableLog, read_acks_since
-from gateway.protocol import Close, Durable, LoggedIn, Send, Session
-from gateway.replies import SERVICE_UNAVAILABLE, Reply
+from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
+from gateway.message_store import MessageStore
+from gateway.protocol import (
+    Close,
+    ConnectNotify,
+    Consult,
+    Control,
+    Durable,
+    LoggedIn,
+    ReadMessages,
+    Send,
+    Session,
+    Wake,
+    render_server_timeout_notify,
+    render_subscribers_notify,
+    render_topic_notify,
+)
+from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
+from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from schemas.config import SMQPConfig, load_config
-from schemas.events import Ack
+from schemas.events import Ack, Deliver, Sync
 
 log = logging.getLogger("smqp.gateway")
 
@@ -39,7 +62,7 @@ MAX_PIPELINED = 1000  # durable appends one connection may have outstanding befo
 
 
 class Connection:
-    """One client connection: reads, runs the session's actions, writes in order."""
+    """One client connection: reads, runs the session's actions in order, writes in order."""
 
     def __init__(self, gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.gateway = gateway
@@ -48,11 +71,16 @@ class Connection:
         self.session = gateway.new_session()
         # bytes to write, a _PendingReply to await then write, a callable to run, or None to finish
         self.outbox: asyncio.Queue = asyncio.Queue()
+        self.actions: deque = deque()  # actions not carried out yet, in command order
+        self.blocker: asyncio.Task | None = None  # a Consult/read/connect the next actions wait for
         self.unsettled = 0  # durable appends not yet answered
         self.settled = asyncio.Event()
+        self.unfolded = 0  # Control events appended but not yet folded by the registry
+        self.folded = asyncio.Event()
         self.queue = NotifyQueue()  # filled at LOGIN from the account's pending deliveries
-        self.in_flight: int | None = None  # smuid of the NOTIFY awaiting the client's 310 ACK
+        self.in_flight: Deliver | None = None  # the NOTIFY awaiting the client's 310 ACK
         self.acking = False  # the client's 310 ACK is being made durable
+        self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
 
     async def run(self) -> None:
@@ -67,6 +95,10 @@ class Connection:
             self.outbox.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer_task, 10)
+            if self.blocker:
+                self.blocker.cancel()
+            if self.channel:
+                self.channel.close()
             self.gateway.unregister(self)
             self.writer.close()
             with contextlib.suppress(Exception):
@@ -75,7 +107,7 @@ class Connection:
     async def _read_loop(self) -> None:
         timeout = self.gateway.config.gateway.frame_timeout_s
         while not self.closing:
-            while self.unsettled >= MAX_PIPELINED:  # back-pressure: Kafka is slower than this client
+            while self.unsettled + len(self.actions) >= MAX_PIPELINED:  # back-pressure on this client
                 self.settled.clear()
                 await self.settled.wait()
             try:
@@ -88,17 +120,83 @@ class Connection:
             if not data:
                 return
 
+    # -- carrying out actions, in order
+
     def _perform(self, actions) -> None:
-        for action in actions:
+        self.actions.extend(actions)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Carry out queued actions until one must wait (a Consult that has to sync, a read)."""
+        while self.actions and self.blocker is None:
+            action = self.actions.popleft()
             if isinstance(action, Send):
                 self.outbox.put_nowait(action.data)
             elif isinstance(action, Durable):
                 self.outbox.put_nowait(self._make_durable(action))
+            elif isinstance(action, Control):
+                self.outbox.put_nowait(self._make_control(action))
+            elif isinstance(action, Consult) and not self.unfolded:
+                answer = action.decide(False)  # fast path: nothing of ours is waiting to be folded
+                if answer is None:
+                    self._block(self._consult(action))
+                else:
+                    self.actions.extendleft(reversed(answer))
+            elif isinstance(action, Consult):
+                self._block(self._consult(action))
+            elif isinstance(action, ReadMessages):
+                self._block(self._read_messages(action))
+            elif isinstance(action, ConnectNotify):
+                self._block(self._connect_notify(action))
             elif isinstance(action, LoggedIn):  # after the 200 reply is written, not before
                 self.outbox.put_nowait(lambda: self.gateway.register(self))
+            elif isinstance(action, Wake):
+                self.outbox.put_nowait(self.send_next)
             elif isinstance(action, Close):
                 self.closing = True
                 self.outbox.put_nowait(None)
+        self.settled.set()
+
+    def _block(self, work) -> None:
+        """Run ``work`` (a coroutine returning actions); the queued actions wait for it."""
+        async def run() -> None:
+            try:
+                answer = await work
+            except Exception as error:  # Kafka or Delta unreachable: say so, lose nothing
+                log.warning("could not answer a command: %s", error)
+                answer = [Send(_unavailable())]
+            self.actions.extendleft(reversed(answer))
+            self.blocker = None
+            self._pump()
+        self.blocker = asyncio.create_task(run())
+
+    async def _consult(self, action: Consult) -> list:
+        while self.unfolded:  # read this connection's own writes
+            self.folded.clear()
+            await self.folded.wait()
+        answer = action.decide(False)
+        if answer is None:
+            await self.gateway.sync()
+            answer = action.decide(True)
+        return answer
+
+    async def _read_messages(self, action: ReadMessages) -> list:
+        store = self.gateway.messages
+        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in store.messages(t)])
+        return action.render(found)
+
+    async def _connect_notify(self, action: ConnectNotify) -> list:
+        host = action.host or self.writer.get_extra_info("peername")[0]
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, action.port), 5)
+        except asyncio.TimeoutError:
+            return [Send(Reply.error(REQUEST_TIMEOUT, f"no answer from {host}:{action.port}").to_bytes())]
+        except OSError as error:
+            return [Send(Reply.error(NOT_FOUND, f"port {action.port} on {host}: {error.strerror}").to_bytes())]
+        if self.channel:
+            self.channel.close()
+        self.channel = NotifyChannel(self, reader, writer)
+        return [Send(Reply.ok().to_bytes())]
 
     def _make_durable(self, action: Durable) -> _PendingReply:
         """Start the Kafka append now, in command order; the writer awaits it in order."""
@@ -109,18 +207,41 @@ class Connection:
         future = self.gateway.log.append(action.key, action.event.to_bytes(), immediate=is_ack)
         return _PendingReply(future, action.reply, action.event if is_ack else None)
 
+    def _make_control(self, action: Control) -> _PendingReply:
+        """Append to partition 0 now; the reply is the registry's outcome once folded."""
+        self.unsettled += 1
+        self.unfolded += 1
+        task = asyncio.ensure_future(self._control_outcome(action.event))
+        task.add_done_callback(lambda _: self._folded())
+        return _PendingReply(task, b"")
+
+    def _folded(self) -> None:
+        self.unfolded -= 1
+        self.folded.set()
+
+    async def _control_outcome(self, event) -> bytes:
+        registry = self.gateway.registry
+        registry.expect(event.request)
+        try:
+            metadata = await self.gateway.log.append(b"", event.to_bytes(), partition=0)
+            await self.gateway.folded(metadata.offset)
+        except BaseException:
+            registry.forget(event.request)
+            raise
+        return registry.outcome(event.request).to_bytes()
+
     async def _settle(self, pending: _PendingReply) -> bytes:
         try:
-            await pending.future
+            result = await pending.future
         except Exception as error:  # not durable: the client must not believe it is
             log.warning("Kafka append failed: %s", error)
             if pending.ack:
                 self.acking = False
-            return Reply(SERVICE_UNAVAILABLE, ("Service unavailable: message store not reachable",)).to_bytes()
+            return _unavailable()
         finally:
             self.unsettled -= 1
             self.settled.set()
-        return pending.reply
+        return pending.reply or result
 
     def _ack_written(self, ack: Ack) -> None:
         """Both phases done: forget the message for good, then offer the next one."""
@@ -133,11 +254,7 @@ class Connection:
         while (item := await self.outbox.get()) is not None:
             if isinstance(item, _PendingReply):
                 self.writer.write(await self._settle(item))
-                if item.ack and self.acking:
-                    self._ack_written(item.ack)
-                elif item.ack:  # the ACK is not durable: the message stays pending; end this login
-                    self.closing = True
-                    self.reader.feed_eof()
+                if item.ack and not self._ack_settled(item.ack):
                     break
             elif callable(item):
                 item()
@@ -147,23 +264,98 @@ class Connection:
                 await self._drain()
         await self._drain()
 
+    def _ack_settled(self, ack: Ack) -> bool:
+        """After the reply to a client's 310 ACK: False if it was not durable (end this login)."""
+        if self.acking:
+            self._ack_written(ack)
+            return True
+        self.closing = True  # the message stays pending for the account
+        self.reader.feed_eof()
+        return False
+
     async def _drain(self) -> None:
         with contextlib.suppress(ConnectionError):
             await self.writer.drain()
 
+    # -- notifications
+
+    def notify(self, frame: bytes) -> None:
+        """An informational NOTIFY (TOPIC / SUBSCRIBERS / SERVER): on the notification port if set."""
+        if self.channel:
+            self.channel.write(frame)
+        elif not self.closing:
+            self.outbox.put_nowait(frame)
+
     def send_next(self) -> None:
-        """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK."""
+        """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK and its topic is not suspended."""
         if self.closing or self.in_flight is not None or self.acking:
             return
-        deliver = self.queue.pop()
+        deliver = self.queue.pop(skip=lambda d: self.session.suspended(d.topic))
         if deliver is not None:
-            self.in_flight = deliver.smuid
-            self.outbox.put_nowait(self.session.notify(deliver))
+            self.in_flight = deliver
+            self.notify(self.session.notify(deliver))
+
+    def channel_lost(self, channel: NotifyChannel) -> None:
+        """The notification port closed: its NOTIFY in flight goes back to the queue, notifications
+        come in-band again."""
+        if self.channel is not channel:
+            return
+        self.channel = None
+        if self.in_flight is not None and not self.acking:
+            self.queue.requeue(self.in_flight)
+            self.in_flight = None
+            self.session.notify_abandoned()
+            self.send_next()
+
+
+class NotifyChannel:
+    """SET NOTIFY PORT: the server's connection to the client's listener.
+
+    NOTIFY frames are written here; the client's ``310 ACK`` is read here and
+    answered here once durable, like on the session connection.
+    """
+
+    def __init__(self, connection: Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.connection = connection
+        self.reader = reader
+        self.writer = writer
+        self.task = asyncio.create_task(self._read_acks())
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.writer.close()
+
+    async def _read_acks(self) -> None:
+        connection = self.connection
+        try:
+            while line := await self.reader.readline():
+                for action in connection.session.channel_ack(line.rstrip(b"\r\n")):
+                    if isinstance(action, Durable):
+                        connection.acking = True
+                        pending = connection._make_durable(action)
+                        self.writer.write(await connection._settle(pending))
+                        if not connection._ack_settled(pending.ack):
+                            return
+                    elif isinstance(action, Send):
+                        self.writer.write(action.data)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.writer.close()
+            connection.channel_lost(self)
+
+
+def _unavailable() -> bytes:
+    return Reply(SERVICE_UNAVAILABLE, ("Service unavailable: message store not reachable",)).to_bytes()
 
 
 @dataclass
 class _PendingReply:
-    """A reply that may only be written once its event is durable in Kafka."""
+    """A reply that may only be written once its event is durable in Kafka (and, for a
+    control event, folded: then the awaited result is the reply)."""
 
     future: asyncio.Future
     reply: bytes
@@ -171,29 +363,42 @@ class _PendingReply:
 
 
 class Gateway:
-    """The SMQP server: accepts connections, owns the Kafka clients and the delivery book."""
+    """The SMQP server: accepts connections, owns the Kafka clients, the registry and the delivery book."""
 
     def __init__(self, config: SMQPConfig):
         self.config = config
-        self.accounts = Accounts(config.accounts, allow_guest=config.gateway.allow_guest)
-        self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.book = DeliveryBook()
+        self.registry = Registry(is_account=self._is_account, server_timeout=config.gateway.default_timeout,
+                                 max_children=config.gateway.max_children_per_topic,
+                                 pending_for_topic=self.book.pending_for_topic)
+        self.accounts = Accounts(config.accounts, allow_guest=config.gateway.allow_guest,
+                                 overrides=self.registry.passwords)
+        self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
+        self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
         self.connections: set[Connection] = set()
         self.log: DurableLog | None = None
         self.tail: DeliveriesTail | None = None
+        self.control: ControlTail | None = None
         self.server: asyncio.base_events.Server | None = None
+        self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+
+    def _is_account(self, name: str) -> bool:
+        return self.accounts.exists(name)
 
     def new_session(self) -> Session:
         return Session(self.config.gateway, self.accounts.authenticate,
-                       clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid)
+                       clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
+                       registry=self.registry, new_request=lambda: uuid.uuid4().hex, hash_password=hash_password)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.log = await asyncio.to_thread(DurableLog, self.config.kafka)
+        self.control = ControlTail(self.config.kafka, loop, self._on_control)
+        self.control.start()
         self.tail = DeliveriesTail(self.config.kafka, loop, self._on_deliveries)
         self.tail.start()
-        await asyncio.wait_for(self.tail.ready.wait(), 60)
+        await asyncio.wait_for(asyncio.gather(self.tail.ready.wait(), self.control.ready.wait()), 60)
         for ack in await asyncio.to_thread(read_acks_since, self.config.kafka, dict(self.book.commands_offsets)):
             self.book.acknowledged(ack.account, ack.smuid)
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
@@ -211,6 +416,59 @@ class Gateway:
             await connection.run()
         finally:
             self.connections.discard(connection)
+
+    # -- the registry fold
+
+    def _on_control(self, records: list) -> None:
+        """Fold partition-0 records; tell watchers connected here (live changes only, not the replay)."""
+        live = self.control.ready.is_set()
+        for offset, event in records:
+            changes = self.registry.apply(event, offset)
+            if live:
+                for change in changes:
+                    self._announce(change)
+        applied = self.registry.applied
+        waiting = []
+        for offset, future in self._fold_waiters:
+            if offset <= applied:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((offset, future))
+        self._fold_waiters = waiting
+
+    async def folded(self, offset: int) -> None:
+        """Wait until the registry has folded partition 0 up to ``offset``."""
+        if self.registry.applied >= offset:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._fold_waiters.append((offset, future))
+        await asyncio.wait_for(future, self.config.kafka.delivery_timeout_ms / 1000)
+
+    async def sync(self) -> None:
+        """A read barrier: append a ``Sync`` and wait for its fold, so the registry has
+        seen every control event any gateway had appended before."""
+        metadata = await self.log.append(b"", Sync(uuid.uuid4().hex).to_bytes(), immediate=True, partition=0)
+        await self.folded(metadata.offset)
+
+    def _announce(self, change) -> None:
+        if isinstance(change, TopicChanged):
+            frame, accounts = (render_topic_notify(change.topic, change.action),
+                               self.registry.watchers(TOPIC_WATCH, change.topic))
+        elif isinstance(change, SubscribersChanged):
+            frame, accounts = (render_subscribers_notify(change.topic, change.count),
+                               self.registry.watchers(SUBSCRIBERS_WATCH, change.topic))
+        else:
+            frame = render_server_timeout_notify(change.timeout)
+            for connection in self.connections:
+                if connection.session.watches_server_timeout:
+                    connection.notify(frame)
+            return
+        for account in accounts:
+            for connection in self.sessions.get(account, ()):
+                connection.notify(frame)
+
+    # -- deliveries
 
     def _on_deliveries(self, events: list) -> None:
         for deliver in filter(None, map(self.book.apply, events)):
@@ -241,8 +499,9 @@ class Gateway:
                 connection.outbox.put_nowait(None)
                 connection.reader.feed_eof()
         await asyncio.sleep(0.2)
-        if self.tail:
-            self.tail.stop()
+        for tail in (self.tail, self.control):
+            if tail:
+                tail.stop()
         if self.log:
             await asyncio.to_thread(self.log.close)
 

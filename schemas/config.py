@@ -41,6 +41,7 @@ class GatewayConfig:
     max_message_bytes: int = 1 << 20
     frame_timeout_s: float = 30.0  # an unfinished frame older than this gets 408 and a close
     max_bad_commands: int = 20  # syntax errors tolerated per session before it is closed
+    max_children_per_topic: int = 1000  # CREATE TOPIC beyond this gets 414
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class Unsubscribe(_Event):
     pattern: str
     accepted_at: int
     request: str = ""
+    everything: bool = False  # ``UNSUB *``: topic and subscriber watches end too
 
 
 @dataclass

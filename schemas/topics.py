@@ -79,3 +79,30 @@ def parse_pattern(text: str) -> TopicPattern:
 def account_topic(account: str) -> str:
     """The account topic created with every login account (spec 2.2.2)."""
     return f"{ACCOUNTS_ROOT}/{account.lower()}"
+
+
+def covers(ending: str, pattern: str) -> bool:
+    """True when UNSUBSCRIBE ``ending`` ends the subscription ``pattern``.
+
+    Equal patterns, or ``ending`` is a wildcard ``/a/*`` whose prefix ``/a/``
+    starts ``pattern``; ``/*`` ends everything.  The streaming job applies the
+    same rule in SQL (``streaming.routing._covers``).
+    """
+    return ending == pattern or (ending.endswith("/*") and pattern.startswith(ending[:-1]))
+
+
+def parent(topic: str) -> str:
+    """``/a/b`` → ``/a``; ``/a`` → ``/``."""
+    head = topic.rsplit("/", 1)[0]
+    return head or "/"
+
+
+def ancestors(topic: str) -> list[str]:
+    """Proper ancestors below the root, outermost first: ``/a/b/c`` → ``["/a", "/a/b"]``."""
+    levels = topic[1:].split("/")
+    return ["/" + "/".join(levels[:i]) for i in range(1, len(levels))]
+
+
+def is_account_topic(topic: str) -> bool:
+    """``/accounts`` and everything below it: created with accounts, never by clients."""
+    return topic == ACCOUNTS_ROOT or topic.startswith(ACCOUNTS_ROOT + "/")

@@ -13,8 +13,10 @@ import textwrap
 from datetime import datetime, timezone
 from typing import Callable
 
-from gateway.protocol import AuthResult, Durable, LineBuffer, Need, Send, Session
+from gateway.protocol import AuthResult, Consult, Control, Durable, LineBuffer, Need, ReadMessages, Send, Session
+from gateway.registry import Registry
 from schemas.config import GatewayConfig
+from schemas.events import CreateTopic
 
 #: 4.1.1's example: ``Time: D20010823T14451246Z``.
 SPEC_TIME = datetime(2001, 8, 23, 14, 45, 12, 460000, tzinfo=timezone.utc)
@@ -36,11 +38,52 @@ def authenticate(user: str, password: str) -> AuthResult:
     return AuthResult.OK if PASSWORDS[user] == password else AuthResult.BAD_PASSWORD
 
 
-def make_session(config: GatewayConfig | None = None) -> Session:
-    """A session with a fixed clock, ``<user>0456`` GUIDs and SMUIDs counting up."""
+#: Topics the spec's examples publish and subscribe to, created before each test.
+SPEC_TOPICS = ("/stocks/quotes/ibm", "/stocks/quotes/msft", "/stocks/quotes/sony", "/stocks/ibm/quote",
+               "/weather/us/ca/san/forecast", "/news", "/chat", "/a", "/t")
+
+
+def make_registry(topics=SPEC_TOPICS) -> Registry:
+    registry = Registry(is_account=lambda name: name in PASSWORDS, server_timeout="00:24:00:00")
+    for offset, topic in enumerate(topics):
+        registry.apply(CreateTopic("setup", "admin", topic, 0), offset)
+    return registry
+
+
+def make_session(config: GatewayConfig | None = None, registry: Registry | None = None) -> Session:
+    """A session with a fixed clock, ``<user>0456`` GUIDs, SMUIDs counting up, request ids
+    ``r1, r2, …`` and a registry holding :data:`SPEC_TOPICS` (``session.registry``)."""
     smuids = itertools.count(FIRST_SMUID)
-    return Session(config or make_config(), authenticate, clock=lambda: SPEC_TIME,
-                   new_guid=lambda user: f"{user}0456", new_smuid=lambda: next(smuids))
+    requests = itertools.count(1)
+    registry = registry or make_registry()
+    session = Session(config or make_config(), authenticate, clock=lambda: SPEC_TIME,
+                      new_guid=lambda user: f"{user}0456", new_smuid=lambda: next(smuids),
+                      registry=registry, new_request=lambda: f"r{next(requests)}",
+                      hash_password=lambda password: f"hashed:{password}")
+    session.registry = registry  # for the test driver
+    session.stored = {}  # topic -> [StoredMessage], what ReadMessages finds
+    return session
+
+
+def resolve(session: Session, actions: list) -> list:
+    """Carry out the registry's part of ``actions`` as the gateway would, in order:
+    a Consult is decided (final: the test registry is complete), a Control is folded at the
+    next offset and followed by the Send of its outcome, a ReadMessages reads ``session.stored``."""
+    registry = session.registry
+    done = []
+    for action in actions:
+        if isinstance(action, Consult):
+            done += resolve(session, action.decide(True))
+        elif isinstance(action, Control):
+            registry.expect(action.event.request)
+            registry.apply(action.event, registry.applied + 1)
+            done += [action, Send(registry.outcome(action.event.request).to_bytes())]
+        elif isinstance(action, ReadMessages):
+            found = [m for t in action.topics for m in session.stored.get(t, [])]
+            done += resolve(session, action.render(found))
+        else:
+            done.append(action)
+    return done
 
 
 LOGIN = b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n\r\n"
@@ -56,7 +99,7 @@ def logged_in(config: GatewayConfig | None = None) -> Session:
 def run(session: Session, chunks) -> list:
     actions = []
     for chunk in chunks:
-        actions += session.receive_data(chunk)
+        actions += resolve(session, session.receive_data(chunk))
     return actions
 
 

@@ -279,11 +279,12 @@ def test_login_commands_after_login_are_400():
 
 def test_commands_are_case_insensitive_and_pipelined():
     actions = feed_three_ways(b"login jtegen clear/1.0\r\npass jtegen rowe7kuy\r\n"
-                              b"sub mess /A/b\r\nunsubscribe message /a/B\r\nnoop\r\nquit\r\nNOOP\r\n", make_session)
+                              b"create topic /a/b\r\nsub mess /A/b\r\nunsubscribe message /a/B\r\nnoop\r\nquit\r\nNOOP\r\n", make_session)
     kinds = [type(a).__name__ for a in actions]
-    assert kinds == ["Send", "Send", "LoggedIn", "Durable", "Durable", "Send", "Send", "Close"]
+    assert kinds == ["Send", "Send", "LoggedIn", "Control", "Send", "Control", "Send", "Control", "Send",
+                     "Send", "Send", "Close"]
     assert actions[2] == LoggedIn("jtegen", "jtegen0456")
-    assert actions[3].event.pattern == "/a/b"
+    assert actions[5].event.pattern == "/a/b"
 
 
 @settings(max_examples=300, deadline=None, database=None)

@@ -12,12 +12,13 @@ Deviations from the draft's text, all deliberate:
   as in the PUB REPLY example (``www.host.com/1835``).
 * Every reply ends with an empty line; the draft's abbreviated LOGIN
   transcript omits it after ``200 OK``.
-* Wildcard SUB/UNSUB echo the pattern instead of listing matching topics.
+* Topics must exist (CREATE TOPIC) before PUB/SUB; the examples' topics are
+  created by the test registry (``SPEC_TOPICS``).
 """
 
 from __future__ import annotations
 
-from gateway.protocol import Close, Durable, LoggedIn, Send, render_notify
+from gateway.protocol import Close, Control, Durable, LoggedIn, Send, render_notify
 from schemas.events import Ack, Deliver, Publish, Section, Subscribe, Unsubscribe
 
 from tests.gateway.test_feeding import (
@@ -25,11 +26,19 @@ from tests.gateway.test_feeding import (
     feed_three_ways,
     logged_in,
     make_session,
+    run,
     transcript,
     wire,
 )
 
 SPEC_MICROS = 998577912460000  # SPEC_TIME in µs since the epoch
+
+
+def subscribed(*patterns: str):
+    """A logged-in session already subscribed to ``patterns``."""
+    session = logged_in()
+    run(session, [b"".join(b"SUB MESSAGE " + p.encode() + b"\r\n" for p in patterns)])
+    return session
 
 
 def test_greeting():
@@ -156,7 +165,7 @@ def test_publish_message_with_multiple_data_sections():
 
 
 def test_subscribe_message():
-    """4.1.9.1 "Example SUBSCRIBE MESSAGE sequence"."""
+    """4.1.9.1 "Example SUBSCRIBE MESSAGE sequence": a durable Subscribe on partition 0, then the reply."""
     client, server = transcript("""
         C: SUB MESSAGE /stocks/quotes/ibm
         C:
@@ -166,19 +175,22 @@ def test_subscribe_message():
     """)
     actions = feed_three_ways(client)
     assert wire(actions) == server
-    assert actions[0].event == Subscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS)
-    assert actions[0].key == b"/stocks/quotes/ibm"
+    assert actions[0] == Control(Subscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS, request="r1"))
 
 
-def test_subscribe_message_wildcard_echoes_the_pattern():
-    """4.1.9.1 wildcard example: the reply names the pattern, not the topics
-    it matches today (those are the streaming job's to know)."""
-    client, _ = transcript("""
+def test_subscribe_message_wildcard_lists_the_matching_topics():
+    """4.1.9.1 wildcard example: the reply lists the topics the pattern matches today."""
+    client, server = transcript("""
         C: SUBSCRIBE MESSAGE /stocks/quotes/*
         C:
+        S: 200-OK
+        S: 200-/stocks/quotes/ibm
+        S: 200-/stocks/quotes/msft
+        S: 200 /stocks/quotes/sony
+        S:
     """)
     actions = feed_three_ways(client)
-    assert wire(actions) == b"200-OK\r\n200 /stocks/quotes/*\r\n\r\n"
+    assert wire(actions) == server
     assert actions[0].event.pattern == "/stocks/quotes/*"
 
 
@@ -193,12 +205,14 @@ def test_subscribe_to_the_root_is_refused():
     assert wire(feed_three_ways(client)) == server
 
 
-def test_subscribe_since_and_until_are_not_implemented():
-    """4.1.9.1 SINCE / UNTIL examples: not served by this gateway yet."""
+def test_subscribe_since_and_until():
+    """4.1.9.1 SINCE / UNTIL examples: the bounds travel with the Subscribe (µs since the epoch)."""
     actions = feed_three_ways(b"SUB MESSAGE /stocks/quotes/ibm SINCE D20010915T080000\r\n\r\n"
                               b"SUB MESSAGE /stocks/quotes/ibm UNTIL D20010915T123000\r\n\r\n")
-    assert wire(actions) == (b"501 Not implemented (SUB MESSAGE SINCE)\r\n\r\n"
-                             b"501 Not implemented (SUB MESSAGE UNTIL)\r\n\r\n")
+    assert wire(actions) == b"200-OK\r\n200 /stocks/quotes/ibm\r\n\r\n" * 2
+    since, until = actions[0].event, actions[2].event
+    assert (since.since, since.until) == (1000540800000000, None)
+    assert (until.since, until.until) == (None, 1000557000000000)
 
 
 def test_unsubscribe_message():
@@ -210,17 +224,36 @@ def test_unsubscribe_message():
         S: 200 MESSAGE /stocks/quotes/ibm
         S:
     """)
-    actions = feed_three_ways(client)
+    session = subscribed("/stocks/quotes/ibm")
+    actions = run(session, [client])
     assert wire(actions) == server
-    assert actions[0].event == Unsubscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS)
+    assert actions[0].event == Unsubscribe("jtegen", "jtegen0456", "/stocks/quotes/ibm", SPEC_MICROS, request="r2")
 
 
-def test_unsubscribe_wildcard_echoes_the_pattern_and_star_is_not_implemented():
-    """4.1.10.1 wildcard examples: ``/stocks/*`` is served (echoed); ``*``
-    needs the subscription list, which the job owns: 501."""
-    actions = feed_three_ways(b"UNSUB MESSAGE /stocks/*\r\n\r\nUNSUB MESSAGE *\r\n\r\n")
-    assert wire(actions) == (b"200-OK\r\n200 MESSAGE /stocks/*\r\n\r\n"
-                             b"501 Not implemented (UNSUB MESSAGE *)\r\n\r\n")
+def test_unsubscribe_wildcards_list_what_ended():
+    """4.1.10.1 wildcard examples: ``/stocks/*`` ends the quote subscriptions, ``*`` the rest."""
+    client, server = transcript("""
+        C: SUB MESSAGE /stocks/quotes/ibm
+        C: SUB MESSAGE /stocks/quotes/sony
+        C: SUB MESSAGE /weather/us/ca/san/forecast
+        C:
+        C: UNSUB MESSAGE /stocks/*
+        C:
+        S: 200-OK
+        S: 200-MESSAGE /stocks/quotes/ibm
+        S: 200 MESSAGE /stocks/quotes/sony
+        S:
+        C: UNSUB MESSAGE *
+        C:
+        S: 200-OK
+        S: 200 MESSAGE /weather/us/ca/san/forecast
+        S:
+    """)
+    actions = feed_three_ways(client)
+    subscribed_replies = (b"200-OK\r\n200 /stocks/quotes/ibm\r\n\r\n200-OK\r\n200 /stocks/quotes/sony\r\n\r\n"
+                          b"200-OK\r\n200 /weather/us/ca/san/forecast\r\n\r\n")
+    assert wire(actions) == subscribed_replies + server
+    assert [a.event.pattern for a in actions if isinstance(a, Control)][-2:] == ["/stocks/*", "/*"]
 
 
 NOTIFY_EXAMPLE = """
@@ -323,23 +356,16 @@ def test_server_bye():
     assert make_session().server_bye() == b"NOTIFY SERVER BYE\r\n\r\n"
 
 
-def test_unserved_spec_verbs_answer_501_naming_the_verb():
-    """COUNT, LIST, CREATE, REMOVE, SET, FIND, GET and the other SUB/UNSUB
-    resources are spec verbs this gateway does not serve yet."""
-    commands = [b"COUNT TOPIC /news", b"LIST TOPIC /", b"CREATE TOPIC /stocks/quotes/ibm",
-                b"REMOVE TOPIC /stocks/quotes/ibm", b"REM TOPIC /x", b"SET TOPIC NAME /a /b", b"FIND TOPIC /stocks",
-                b"GET MESSAGE /stocks/quotes/ibm 1865", b"SUB TOPIC /stocks/quotes/ibm", b"SUB SUB /x",
-                b"UNSUB TOPIC /x", b"UNSUB *"]
-    actions = feed_three_ways(b"".join(c + b"\r\n\r\n" for c in commands))
-    names = ["COUNT", "LIST", "CREATE", "REMOVE", "REM", "SET", "FIND", "GET", "SUB TOPIC", "SUB SUB",
-             "UNSUB TOPIC", "UNSUB *"]
-    assert wire(actions) == b"".join(f"501 Not implemented ({n})\r\n\r\n".encode() for n in names)
+def test_a_remote_virtual_topic_is_not_implemented():
+    """4.1.4's remote link example (``> www.host.com/stocks/ibm``): no server domains here."""
+    actions = feed_three_ways(b"CREATE TOPIC /stocks/quotes/ibm2 > www.host.com/stocks/ibm\r\n\r\n")
+    assert wire(actions) == b"501 Not implemented (virtual topics on remote servers)\r\n\r\n"
 
 
-def test_publish_reply_body_is_consumed_then_501():
-    """4.1.8.2's PUB REPLY example (its Content-Length corrected to 9): the body,
-    which has no empty line before Content-Type, is read whole, then 501."""
-    client, _ = transcript("""
+def test_publish_reply_goes_to_the_original_publishers_account_topic():
+    """4.1.8.2's PUB REPLY example (its Content-Length corrected to 9; its ``Created`` and body kept):
+    the reply is published to /accounts/jtegen carrying the original CMUID as ``In-Reply-To``."""
+    client, server = transcript("""
         C: PUB REPLY /stocks/quotes/ibm CF0456
         C: Created: D20010815T08035341Z
         C: Smuid: www.host.com/1835
@@ -352,6 +378,16 @@ def test_publish_reply_body_is_consumed_then_501():
         C: Thank you
         C: .
         C:
-        C: NOOP
+        S: 200-OK
+        S: 200 CF0456 2001083408341156
+        S:
     """)
-    assert wire(feed_three_ways(client)) == b"501 Not implemented (PUBLISH REPLY)\r\n\r\n200 OK\r\n\r\n"
+    [durable] = feed_three_ways(client)
+    assert wire([durable]) == server
+    event = durable.event
+    assert (event.topic, event.cmuid, event.priority) == ("/accounts/jtegen", "CF0456", 1)
+    assert event.headers == [("Created", "D20010815T08035341Z"), ("Priority", "1"), ("Timeout", "00:01:00"),
+                             ("In-Reply-To", "jtegen/jtegen497549/A004"), ("Reply-Topic", "/stocks/quotes/ibm")]
+    assert event.sections[0].data == b"Thank you"
+
+

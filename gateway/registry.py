@@ -1,0 +1,363 @@
+"""The topic and subscription registry every gateway answers from: a fold over the log.
+
+Topics, keywords, virtual links, subscriptions, watches, login settings and
+the server's default timeout are control state.  Gateways append control
+events to partition 0 of the commands topic and every gateway folds that one
+partition in offset order into a :class:`Registry`, so all of them hold the
+same state and decide the same way.  The fold, not the gateway that accepted
+a command, decides its outcome (a second CREATE of one topic is refused
+wherever it came from): the accepting gateway waits until its own fold has
+reached the event's offset and replies with the outcome recorded for the
+event's ``request`` id.
+
+Plain data, no I/O: the gateway's Kafka tail feeds :meth:`Registry.apply`.
+What the fold changes is returned as :class:`TopicChanged` /
+:class:`SubscribersChanged` / :class:`ServerTimeoutChanged` so the gateway
+can send NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT to its watchers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Union
+
+from gateway.replies import CONFLICT, NOT_ALLOWED, NOT_FOUND, RESOURCE_TOO_LARGE, Reply
+from schemas.events import (
+    CreateTopic,
+    RemoveTopic,
+    RenameTopic,
+    SetLogin,
+    SetServerTimeout,
+    SetTopicKeywords,
+    Subscribe,
+    Sync,
+    Unsubscribe,
+    Unwatch,
+    Watch,
+)
+from schemas.topics import ancestors, account_topic, covers, is_account_topic, parent, parse_pattern
+
+#: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
+TOPIC_WATCH = "topic"
+SUBSCRIBERS_WATCH = "subscribers"
+_UNSUB_LABEL = {TOPIC_WATCH: "TOPIC", SUBSCRIBERS_WATCH: "SUB"}
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One topic; ``target`` makes it virtual; ``removed`` ones drain their pending deliveries."""
+
+    path: str
+    keywords: tuple[str, ...] = ()
+    target: str | None = None
+    removed: bool = False
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """An account's SUBSCRIBE MESSAGE, with its optional SINCE/UNTIL (microseconds)."""
+
+    pattern: str
+    since: int | None = None
+    until: int | None = None
+
+
+@dataclass(frozen=True)
+class TopicChanged:
+    """NOTIFY TOPIC ``topic`` with ``Action: <action>``."""
+
+    topic: str
+    action: str
+
+
+@dataclass(frozen=True)
+class SubscribersChanged:
+    """NOTIFY SUBSCRIBERS ``topic`` with ``COUNT: <count>``."""
+
+    topic: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ServerTimeoutChanged:
+    timeout: str
+
+
+Change = Union[TopicChanged, SubscribersChanged, ServerTimeoutChanged]
+
+
+@dataclass
+class Registry:
+    """Control state folded from commands partition 0."""
+
+    is_account: Callable[[str], bool]
+    server_timeout: str
+    max_children: int = 1000
+    pending_for_topic: Callable[[str], int] = lambda topic: 0
+    topics: dict[str, Topic] = field(default_factory=dict)
+    subscriptions: dict[str, dict[str, Subscription]] = field(default_factory=dict)
+    watches: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    profiles: dict[str, dict[str, str]] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
+    applied: int = -1  # the last partition-0 offset folded
+    _expected: set[str] = field(default_factory=set)
+    _outcomes: dict[str, Reply] = field(default_factory=dict)
+
+    # -- awaiting outcomes
+
+    def expect(self, request: str) -> None:
+        """Keep the outcome of ``request`` when it is folded (this gateway appended it)."""
+        self._expected.add(request)
+
+    def forget(self, request: str) -> None:
+        self._expected.discard(request)
+        self._outcomes.pop(request, None)
+
+    def outcome(self, request: str) -> Reply | None:
+        """The folded outcome of an expected request (once), None if not folded yet."""
+        reply = self._outcomes.pop(request, None)
+        if reply is not None:
+            self._expected.discard(request)
+        return reply
+
+    # -- the fold
+
+    def apply(self, event, offset: int) -> list[Change]:
+        """Fold one partition-0 event; returns what watchers should be told."""
+        self.applied = max(self.applied, offset)
+        handler = self._FOLDS.get(type(event))
+        if handler is None:
+            return []
+        outcome, changes = handler(self, event)
+        request = getattr(event, "request", "")
+        if request in self._expected:
+            self._outcomes[request] = outcome
+        return changes
+
+    def _create(self, event: CreateTopic) -> tuple[Reply, list[Change]]:
+        path = event.topic
+        if is_account_topic(path):
+            return Reply.error(NOT_ALLOWED, "account topics are created with their accounts"), []
+        if self.live(path):
+            return Reply.error(CONFLICT, f"{path} exists"), []
+        if event.target is not None:
+            target = self.topics.get(event.target)
+            if target is not None and target.target is not None and not target.removed:
+                return Reply.error(NOT_ALLOWED, "topic link bad: the target is itself virtual"), []
+            if not self.live(event.target):
+                return Reply.error(NOT_FOUND, f"destination topic {event.target}"), []
+        missing = [p for p in [*ancestors(path), path] if not self.live(p)]
+        for created in missing:
+            if len(self.children(parent(created))) >= self.max_children:
+                return Reply.error(RESOURCE_TOO_LARGE, f"too many topics under {parent(created)}"), []
+        changes: list[Change] = []
+        for created in missing:
+            last = created == path
+            self.topics[created] = Topic(created, tuple(event.keywords) if last else (),
+                                         event.target if last else None)
+            changes.append(TopicChanged(created, "ADDED"))
+        return Reply.ok(), changes
+
+    def _remove(self, event: RemoveTopic) -> tuple[Reply, list[Change]]:
+        path = event.topic
+        if is_account_topic(path):
+            return Reply.error(NOT_ALLOWED, "account topics cannot be removed"), []
+        if not self.live(path):
+            return Reply.error(NOT_FOUND, path), []
+        gone = [p for p in self._subtree(path) if self.live(p)]
+        for removed in gone:
+            self.topics[removed] = replace(self.topics[removed], removed=True)
+        pending = sum(self.pending_for_topic(p) for p in gone)
+        return Reply.ok(f"{pending} messages pending"), [TopicChanged(p, "DELETED") for p in gone]
+
+    def _rename(self, event: RenameTopic) -> tuple[Reply, list[Change]]:
+        old, new = event.topic, event.new_topic
+        if is_account_topic(old) or is_account_topic(new):
+            return Reply.error(NOT_ALLOWED, "account topics cannot be renamed"), []
+        if not self.live(old):
+            return Reply.error(NOT_FOUND, old), []
+        if new == old or self.live(new):
+            return Reply.error(CONFLICT, f"{new} exists"), []
+        if new.startswith(old + "/"):
+            return Reply.error(CONFLICT, "a topic cannot move below itself"), []
+        changes: list[Change] = []
+        for ancestor in ancestors(new):
+            if not self.live(ancestor):
+                self.topics[ancestor] = Topic(ancestor)
+                changes.append(TopicChanged(ancestor, "ADDED"))
+        for moved in [p for p in self._subtree(old) if self.live(p)]:
+            renamed = new + moved[len(old):]
+            self.topics[renamed] = replace(self.topics[moved], path=renamed)
+            self.topics[moved] = replace(self.topics[moved], removed=True)
+            changes.append(TopicChanged(moved, f"RENAME {renamed}"))
+        return Reply.ok(), changes
+
+    def _set_keywords(self, event: SetTopicKeywords) -> tuple[Reply, list[Change]]:
+        if not self.live(event.topic) or is_account_topic(event.topic):
+            return Reply.error(NOT_FOUND, event.topic), []
+        self.topics[event.topic] = replace(self.topics[event.topic], keywords=tuple(event.keywords))
+        return Reply.ok(), [TopicChanged(event.topic, f"KEYWORDS {','.join(event.keywords)}")]
+
+    def _set_login(self, event: SetLogin) -> tuple[Reply, list[Change]]:
+        if event.attribute == "password":
+            self.passwords[event.account] = event.value
+        else:
+            self.profiles.setdefault(event.account, {})[event.attribute] = event.value
+        return Reply.ok(), []
+
+    def _subscribe(self, event: Subscribe) -> tuple[Reply, list[Change]]:
+        before = self._counts_touched(event.pattern)
+        self.subscriptions.setdefault(event.account, {})[event.pattern] = Subscription(
+            event.pattern, event.since, event.until)
+        pattern = parse_pattern(event.pattern)
+        lines = sorted(self.matching(pattern.text)) if pattern.wildcard else [event.pattern]
+        return Reply.ok(*lines), self._count_changes(before)
+
+    def _unsubscribe(self, event: Unsubscribe) -> tuple[Reply, list[Change]]:
+        mine = self.subscriptions.get(event.account, {})
+        ended = sorted(p for p in mine if covers(event.pattern, p))
+        before = {t: n for p in ended for t, n in self._counts_touched(p).items()}
+        for pattern in ended:
+            del mine[pattern]
+        lines = [f"MESSAGE {p}" for p in ended]
+        if event.everything:
+            lines += self._end_watches(event.account, TOPIC_WATCH, "/*")
+            lines += self._end_watches(event.account, SUBSCRIBERS_WATCH, "/*")
+        if not lines:
+            return Reply.error(NOT_FOUND, f"no subscription matches {event.pattern}"), []
+        return Reply.ok(*lines), self._count_changes(before)
+
+    def _watch(self, event: Watch) -> tuple[Reply, list[Change]]:
+        self.watches.setdefault(event.account, set()).add((event.kind, event.pattern))
+        return Reply.ok(event.pattern), []
+
+    def _unwatch(self, event: Unwatch) -> tuple[Reply, list[Change]]:
+        lines = self._end_watches(event.account, event.kind, event.pattern)
+        if not lines:
+            return Reply.error(NOT_FOUND, f"no subscription matches {event.pattern}"), []
+        return Reply.ok(*lines), []
+
+    def _end_watches(self, account: str, kind: str, ending: str) -> list[str]:
+        mine = self.watches.get(account, set())
+        ended = sorted(p for k, p in mine if k == kind and covers(ending, p))
+        mine -= {(kind, p) for p in ended}
+        return [f"{_UNSUB_LABEL[kind]} {p}" for p in ended]
+
+    def _set_server_timeout(self, event: SetServerTimeout) -> tuple[Reply, list[Change]]:
+        self.server_timeout = event.timeout
+        return Reply.ok(), [ServerTimeoutChanged(event.timeout)]
+
+    def _sync(self, event: Sync) -> tuple[Reply, list[Change]]:
+        return Reply.ok(), []
+
+    _FOLDS = {
+        CreateTopic: _create, RemoveTopic: _remove, RenameTopic: _rename, SetTopicKeywords: _set_keywords,
+        SetLogin: _set_login, Subscribe: _subscribe, Unsubscribe: _unsubscribe, Watch: _watch,
+        Unwatch: _unwatch, SetServerTimeout: _set_server_timeout, Sync: _sync,
+    }
+
+    # -- subscriber counts
+
+    def _counts_touched(self, pattern: str) -> dict[str, int]:
+        """Subscriber counts of the topics ``pattern`` reaches, before a change."""
+        reached = self.matching(pattern) if pattern.endswith("/*") else [pattern]
+        return {topic: self.subscriber_count(topic) for topic in reached}
+
+    def _count_changes(self, before: dict[str, int]) -> list[Change]:
+        changes: list[Change] = []
+        for topic, count in sorted(before.items()):
+            now = self.subscriber_count(topic)
+            if now != count:
+                changes.append(SubscribersChanged(topic, now))
+        return changes
+
+    # -- reads
+
+    def live(self, path: str) -> bool:
+        """A topic that exists now: created and not removed, or an account's own topic."""
+        topic = self.topics.get(path)
+        if topic is not None and not topic.removed:
+            return True
+        return self._is_account_topic_of_known_account(path)
+
+    def _is_account_topic_of_known_account(self, path: str) -> bool:
+        name = path[len("/accounts/"):]
+        return path.startswith("/accounts/") and "/" not in name and bool(name) and self.is_account(name)
+
+    def resolve(self, path: str) -> str | None:
+        """The actual topic messages for ``path`` go to (a virtual topic's target), None if none."""
+        if not self.live(path):
+            return None
+        topic = self.topics.get(path)
+        if topic is None or topic.target is None:
+            return path
+        return topic.target if self.live(topic.target) else None
+
+    def visible(self, path: str) -> bool:
+        """Shown by LIST/COUNT/FIND: live, not an account topic."""
+        return not is_account_topic(path) and self.live(path)
+
+    def children(self, path: str) -> list[str]:
+        """Visible direct children of ``path`` ("/" for the root), sorted."""
+        return sorted(p for p in self.topics if parent(p) == path and p != path and self.visible(p))
+
+    def descendants(self, path: str) -> list[str]:
+        """Visible topics strictly below ``path``, sorted."""
+        prefix = "/" if path == "/" else path + "/"
+        return sorted(p for p in self.topics if p.startswith(prefix) and self.visible(p))
+
+    def matching(self, pattern: str) -> list[str]:
+        """Visible topics a pattern covers: ``/a/*`` → every descendant of ``/a``; ``/a`` → itself."""
+        if pattern.endswith("/*"):
+            return self.descendants(pattern[:-2] or "/")
+        return [pattern] if self.visible(pattern) else []
+
+    def _subtree(self, path: str) -> list[str]:
+        return [p for p in self.topics if p == path or p.startswith(path + "/")]
+
+    def subscriber_count(self, topic: str) -> int:
+        """Accounts whose SUBSCRIBE MESSAGE patterns reach ``topic``."""
+        return sum(1 for subs in self.subscriptions.values()
+                   if any(parse_pattern(p).matches(topic) for p in subs))
+
+    def subscribers_in_scope(self, pattern: str) -> int:
+        """COUNT SUBSCRIBERS: accounts subscribed to any topic ``pattern`` covers (a wildcard leaf
+        traverses all descendants), or to a pattern inside that scope."""
+        topics = self.matching(pattern) if pattern.endswith("/*") else [pattern]
+        prefix = pattern[:-1] if pattern.endswith("/*") else None
+        count = 0
+        for subs in self.subscriptions.values():
+            parsed = [parse_pattern(p) for p in subs]
+            if any(s.matches(t) for s in parsed for t in topics) or (
+                    prefix and any(s.text.startswith(prefix) for s in parsed)):
+                count += 1
+        return count
+
+    def account_subscriptions(self, account: str) -> list[Subscription]:
+        return sorted(self.subscriptions.get(account, {}).values(), key=lambda s: s.pattern)
+
+    def subscribed(self, account: str, pattern: str) -> bool:
+        """True when an UNSUBSCRIBE MESSAGE ``pattern`` would end something of ``account``'s."""
+        return any(covers(pattern, p) for p in self.subscriptions.get(account, {}))
+
+    def watching(self, account: str, kind: str, pattern: str) -> bool:
+        return any(k == kind and covers(pattern, p) for k, p in self.watches.get(account, ()))
+
+    def watchers(self, kind: str, topic: str) -> set[str]:
+        """Accounts watching ``topic`` (exactly or through a wildcard) for ``kind``."""
+        return {account for account, watched in self.watches.items()
+                if any(k == kind and parse_pattern(p).matches(topic) for k, p in watched)}
+
+    def find(self, pattern: str, keywords: Iterable[str] = ()) -> list[Topic]:
+        """FIND TOPIC: topics ``pattern`` covers whose keywords contain any of ``keywords`` (substring,
+        case-insensitive); without keywords, every covered topic."""
+        wanted = [k.lower() for k in keywords if k]
+        found = []
+        for path in self.matching(pattern):
+            topic = self.topics[path]
+            if not wanted or any(w in k.lower() for w in wanted for k in topic.keywords):
+                found.append(topic)
+        return found
+
+    def account_topic_of(self, account: str) -> str:
+        return account_topic(account)
