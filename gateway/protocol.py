@@ -1295,10 +1295,9 @@ class Session:
             error, pattern = self._pattern(args[1])
             if error is not None:
                 return self._error(error)
-            kind = TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH
-            return self._consult(lambda: self._control(Watch(self._new_request(), self._account, kind, pattern,
-                                                              self._now())) if self._exists(pattern) else None,
-                                 pattern)
+            watch = Watch(self._new_request(), self._account,
+                          TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH, pattern, self._now())
+            return self._consult(lambda: self._control(watch) if self._exists(pattern) else None, pattern)
         return self._usage("SUBSCRIBE MESSAGE|TOPIC|SUBSCRIBER <topic> | SUBSCRIBE SERVER TIMEOUT")
 
     def _subscribe_message(self, args: list[str]) -> list[Action]:
@@ -1322,14 +1321,15 @@ class Session:
         if since is not None and until is not None and until < since:
             return self._reply(Reply.error(CONFLICT, "UNTIL time precedes SINCE time"))
 
+        request, now = self._new_request(), self._now()
+
         def decide() -> list[Action] | None:
             if not self._own_or_public(pattern):
                 return self._reply(Reply.error(FORBIDDEN, "another account's topic"))
             target = pattern if pattern.endswith("/*") else self._registry.resolve(pattern)
             if target is None or not self._exists(pattern):
                 return None
-            return self._control(Subscribe(self._account, self._guid, target, self._now(), since, until,
-                                           self._new_request()))
+            return self._control(Subscribe(self._account, self._guid, target, now, since, until, request))
         return self._consult(decide, pattern)
 
     def smqp_UNSUBSCRIBE(self, verb: str, args: list[str]) -> list[Action]:
@@ -1346,19 +1346,19 @@ class Session:
         error, pattern = self._pattern(args[1], star_is_all=True)
         if error is not None:
             return self._error(error)
-        registry, account = self._registry, self._account
+        registry, account, request, now = self._registry, self._account, self._new_request(), self._now()
         if resource in _MESSAGE:
             def decide() -> list[Action] | None:
                 if not registry.subscribed(account, pattern):
                     return None
-                return self._control(Unsubscribe(account, self._guid, pattern, self._now(), self._new_request()))
+                return self._control(Unsubscribe(account, self._guid, pattern, now, request))
         else:
             kind = TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH
 
             def decide() -> list[Action] | None:
                 if not registry.watching(account, kind, pattern):
                     return None
-                return self._control(Unwatch(self._new_request(), account, kind, pattern, self._now()))
+                return self._control(Unwatch(request, account, kind, pattern, now))
         return self._consult(decide, f"not subscribed to {pattern}")
 
     # the rest
