@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
 from gateway.accounts import hash_password
-from gateway.client import SMQPClient
+from gateway.client import SMQPClient, SMQPError
 from schemas.config import load_config
 
 BODY_SIZE = 200
@@ -50,6 +51,8 @@ async def ingest(host: str, port: int, messages: int, publishers: int, window: i
     async def one(index: int) -> None:
         async with await SMQPClient.connect(host, port) as client:
             await client.login(*PUBLISHER)
+            with contextlib.suppress(SMQPError):  # 409: a previous run created it
+                await client.create_topic(f"/bench/ingest/p{index}")
             in_flight: set[asyncio.Task] = set()
             for i in range(per_publisher):
                 if len(in_flight) >= window:
@@ -71,6 +74,8 @@ async def latency(host: str, port: int, rate: float, duration: float) -> dict:
     """Publish at ``rate`` msg/s for ``duration`` s; time each until its NOTIFY reaches the subscriber."""
     sub = await SMQPClient.connect(host, port)
     await sub.login(*SUBSCRIBER)
+    with contextlib.suppress(SMQPError):
+        await sub.create_topic("/bench/latency")
     await sub.subscribe("/bench/latency")
     samples: list[float] = []
     total = int(rate * duration)

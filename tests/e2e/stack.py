@@ -9,6 +9,7 @@ import uuid
 from concurrent.futures import Future
 
 from deploy.broker import create_topics, free_port
+from gateway.client import SMQPClient
 from gateway.server import Gateway
 from schemas.config import SMQPConfig, load_config
 
@@ -83,3 +84,10 @@ class Router:
         if self.query is not None and self.query.exception():
             raise self.query.exception()
         self.stop()
+
+
+async def create_smqp_topics(address: tuple[str, int], *topics: str) -> None:
+    """CREATE TOPIC each of ``topics`` as guest (they must exist before PUB/SUB)."""
+    async with await SMQPClient.open(*address) as admin:
+        for topic in topics:
+            await admin.create_topic(topic)

@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from gateway.client import SMQPClient
 from schemas.events import Publish, decode
-from tests.e2e.stack import GatewayThread, stack_config
+from tests.e2e.stack import GatewayThread, create_smqp_topics, stack_config
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +49,7 @@ def published_events(config) -> list[Publish]:
 def gateway(broker, tmp_path):
     config = stack_config(broker, tmp_path, frame_timeout_s=1.0, max_line_bytes=1024)
     with GatewayThread(config) as running:
+        asyncio.run(create_smqp_topics(running.address, "/a/b"))
         yield running
 
 

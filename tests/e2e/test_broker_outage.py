@@ -24,6 +24,7 @@ def test_publish_while_kafka_is_down_gets_503(tmp_path):
             async def scenario():
                 async with await SMQPClient.connect(host, port) as client:
                     await client.login("guest")
+                    await client.create_topic("/a/b")
                     assert await client.publish("/a/b", b"before")
                     broker.stop()
                     started = time.monotonic()

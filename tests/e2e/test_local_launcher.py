@@ -40,7 +40,8 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
         async def scenario():
             sub = await SMQPClient.connect("127.0.0.1", gateway_port)
             await sub.login("guest")
-            await sub.subscribe("/demo/*")
+            await sub.create_topic("/demo/hello")
+            assert await sub.subscribe("/demo/*") == ["/demo/hello"]
             published = await asyncio.to_thread(  # the reference command line publishes
                 subprocess.run, [sys.executable, "-m", "gateway.cli", "--port", str(gateway_port),
                                  "pub", "/demo/hello", "hi there"], capture_output=True, text=True, timeout=60)

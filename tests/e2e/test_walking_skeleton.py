@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from gateway.accounts import hash_password
 from gateway.client import SMQPClient
-from tests.e2e.stack import GatewayThread, Router, stack_config
+from tests.e2e.stack import GatewayThread, Router, create_smqp_topics, stack_config
 
 pytestmark = pytest.mark.e2e
 
@@ -92,8 +92,9 @@ def test_offline_subscriber_gets_everything_once_in_order(broker, spark, tmp_pat
         host, port = gateway.address
 
         async def scenario():
+            await create_smqp_topics((host, port), TOPIC)
             bob = await subscriber(host, port)
-            assert await bob.subscribe("/stocks/*") == ["/stocks/*"]
+            assert await bob.subscribe("/stocks/*") == [TOPIC]
             first = await publish(host, port, 100, 0)
             assert first == sorted(first) and len(set(first)) == 100
             assert await receive(bob, 100) == first
@@ -115,6 +116,7 @@ def test_streaming_job_restart_loses_and_duplicates_nothing(broker, spark, tmp_p
             host, port = gateway.address
 
             async def scenario():
+                await create_smqp_topics((host, port), TOPIC)
                 bob = await subscriber(host, port)
                 await bob.subscribe("/stocks/*")
                 first = await publish(host, port, 100, 0)
@@ -142,6 +144,7 @@ def test_gateway_restart_never_renotifies_an_acknowledged_message(broker, spark,
             host, port = gateway.address
 
             async def before():
+                await create_smqp_topics((host, port), TOPIC)
                 bob = await subscriber(host, port)
                 await bob.subscribe("/stocks/*")
                 published = await publish(host, port, 100, 0)
@@ -173,6 +176,7 @@ def test_every_login_of_an_account_receives_the_messages(broker, spark, tmp_path
         host, port = gateway.address
 
         async def scenario():
+            await create_smqp_topics((host, port), TOPIC)
             first, second = await subscriber(host, port), await subscriber(host, port)
             await first.subscribe("/stocks/*")
             async with await SMQPClient.connect(host, port) as bob_publishing:
