@@ -21,6 +21,7 @@ import pytest
 
 from deploy.broker import free_port
 from gateway.accounts import hash_password
+from gateway.admin import set_server_timeout
 from gateway.client import SMQPClient, SMQPError
 from tests.e2e.stack import GatewayThread, Router, stack_config
 
@@ -53,11 +54,16 @@ async def next_of(client: SMQPClient, resource: str, timeout: float = 60):
 
 
 @pytest.fixture
-def farm(broker, spark, tmp_path):
-    """The job and two gateways of one farm."""
+def stack(broker, spark, tmp_path):
+    """The job and two gateways of one farm: (config, address one, address two)."""
     config = stack_config(broker, tmp_path, ACCOUNTS)
     with Router(spark, config), GatewayThread(config) as one, GatewayThread(second_gateway(config)) as two:
-        yield one.address, two.address
+        yield config, one.address, two.address
+
+
+@pytest.fixture
+def farm(stack):
+    return stack[1:]
 
 
 def test_topic_created_on_one_gateway_flows_through_the_other(farm):
@@ -163,5 +169,23 @@ def test_notify_port_and_suspend_resume(farm):
             note = await next_of(bob, "MESSAGE")
             assert note.smuid == held
             await note.ack()
+
+    asyncio.run(scenario())
+
+
+def test_server_timeout_changes_reach_every_subscribed_login(stack):
+    """SUB SERVER TIMEOUT on both gateways; the administrator changes it once."""
+    config, one, two = stack
+
+    async def scenario():
+        async with login(one, "alice") as alice, login(two, "bob") as bob:
+            for client in (alice, bob):
+                await client.subscribe_server_timeout()
+                assert (await next_of(client, "SERVER")).timeout == config.gateway.default_timeout
+            await asyncio.to_thread(set_server_timeout, config, "00:00:05:00")
+            for client in (alice, bob):
+                assert (await next_of(client, "SERVER")).timeout == "00:00:05:00"
+        async with await SMQPClient.connect(*two) as carol:
+            assert (await carol.login("carol", "carol-pw"))["Timeout"] == "00:00:05:00"
 
     asyncio.run(scenario())
