@@ -1,80 +1,319 @@
 """The reference SMQP client: an asyncio library over the sans-I/O client reader.
 
-    async with await SMQPClient.connect("127.0.0.1", 7720) as client:
-        await client.login("guest", "")
+    async with await SMQPClient.open("127.0.0.1", 7720, "guest") as client:
         await client.subscribe("/stocks/*")
         smuid = await client.publish("/stocks/quotes/ibm", b"24.567")
         note = await client.next_notification()
         await note.ack()          # the two-phase 310 ACK
 
-Replies are matched to commands in order, so several ``publish`` calls may
-be in flight at once (pipelining); notifications are queued separately.
+Every command of spec section 4 has a typed method (``count_messages``,
+``list_topics``, ``create_topic``, ``get_messages``, ``change_password``,
+``notify_port``, ``publish_reply``, ``subscribe_topic``, ``unsubscribe_all``,
+…); a refusal (4xx/5xx) raises :class:`SMQPError`.  Replies are matched to
+commands in order, so several commands may be in flight at once
+(pipelining); the one multi-step exchange, SET LOGIN PASSWORD, holds the
+connection until it is done.
+
+Notifications of every kind (MESSAGE, TOPIC, SUBSCRIBERS, SERVER) arrive
+through one queue, :meth:`SMQPClient.next_notification`, whichever
+connection they came on: after :meth:`SMQPClient.notify_port` the server
+connects to a listener of ours and sends them there, and
+:meth:`Notification.ack` answers on the connection the NOTIFY came from.
+Only NOTIFY MESSAGE takes the two-phase ``310 ACK``; ``ack()`` on the others
+does nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from gateway import client_protocol as cp
-from schemas.events import Section
+from schemas.events import Headers, Section
+
+#: SET LOGIN attributes other than PASSWORD (4.1.6.2).
+LOGIN_ATTRIBUTES = ("NAME", "EMAIL", "ADDRESS", "PHONE")
+
+#: Reply words of UNSUBSCRIBE → the resource names notifications use.
+_RESOURCE_WORDS = {"MESS": "MESSAGE", "MESSAGE": "MESSAGE", "TOPIC": "TOPIC", "SUB": "SUBSCRIBERS",
+                   "SUBSCRIBER": "SUBSCRIBERS", "SUBSCRIBERS": "SUBSCRIBERS", "SERVER": "SERVER"}
 
 
 class SMQPError(Exception):
-    """A non-2xx/3xx reply: ``code`` and the reply lines."""
+    """A 4xx/5xx reply: ``code`` and the reply lines."""
 
     def __init__(self, code: int, lines: list[str]):
         super().__init__(f"{code} {' / '.join(lines)}")
         self.code = code
         self.lines = lines
 
+    @property
+    def reply_class(self) -> int:
+        """4 for a 4xx refusal, 5 for a 5xx failure."""
+        return self.code // 100
 
-@dataclass
-class Notification:
-    """A NOTIFY frame; ``ack()`` performs the client half of the two-phase commit."""
 
-    client: SMQPClient
-    resource: str
-    topic: str
-    headers: list[tuple[str, str]]
-    sections: list[Section] = field(default_factory=list)
+class SMQPRedirect(SMQPError):
+    """``311 Redirect request`` to LOGIN (4.1.1): log in at ``host:port`` instead."""
+
+    def __init__(self, code: int, lines: list[str]):
+        super().__init__(code, lines)
+        address = lines[-1].strip()
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise cp.ServerProtocolError(f"311 without an address: {lines!r}")
+        self.host, self.port = host, int(port)
+
+
+class _MessageFields:
+    """Attribute accessors shared by notifications and GET MESSAGE results."""
+
+    headers: Headers
+    sections: list[Section]
 
     def header(self, name: str) -> str | None:
+        """The first header attribute called ``name`` (case-insensitive)."""
         return next((v for k, v in self.headers if k.lower() == name.lower()), None)
 
     @property
     def smuid(self) -> int:
-        return int(self.header("Smuid").rsplit("/", 1)[1])
+        """The number of ``Smuid: host/number``."""
+        value = self.header("Smuid")
+        if value is None:
+            raise AttributeError("no Smuid attribute")
+        return int(value.rsplit("/", 1)[-1])
+
+    @property
+    def cmuid(self) -> str | None:
+        """``account/guid/uid`` of the publisher: what a reply names (:meth:`SMQPClient.publish_reply`)."""
+        return self.header("Cmuid")
 
     @property
     def data(self) -> bytes:
         return b"".join(section.data for section in self.sections)
 
+
+@dataclass(eq=False)
+class Message(_MessageFields):
+    """A stored message from GET MESSAGE: header attributes (``Topic`` first) and data sections."""
+
+    headers: Headers
+    sections: list[Section] = field(default_factory=list)
+
+    @property
+    def topic(self) -> str | None:
+        return self.header("Topic")
+
+
+@dataclass(eq=False)
+class Notification(_MessageFields):
+    """A NOTIFY frame.
+
+    ``resource`` is MESSAGE, TOPIC, SUBSCRIBERS or SERVER.  ``topic`` is the
+    topic (for SERVER, the rest of the line: ``BYE``, ``TIMEOUT 00:05:00``).
+    ``action``/``value`` read NOTIFY TOPIC's ``Action:`` attribute (and
+    SERVER's event word and timeout), ``count`` NOTIFY SUBSCRIBERS' ``COUNT:``.
+    """
+
+    resource: str
+    topic: str
+    headers: Headers
+    sections: list[Section] = field(default_factory=list)
+    _client: SMQPClient | None = field(default=None, repr=False)
+    _channel: _Channel | None = field(default=None, repr=False)
+    _acked: bool = field(default=False, repr=False)
+
+    @property
+    def needs_ack(self) -> bool:
+        return self.resource == "MESSAGE" and not self._acked
+
     async def ack(self) -> None:
-        await self.client.command_raw(cp.ACK)
+        """The client half of the two-phase commit, on the connection the NOTIFY came on;
+        returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice."""
+        if not self.needs_ack:
+            return
+        self._acked = True
+        await self._client._request(self._channel, cp.ACK)
+
+    async def reply(self, data: bytes | str, **options) -> int:
+        """PUB REPLY to this message (see :meth:`SMQPClient.publish_reply`); returns the SMUID."""
+        if self.resource != "MESSAGE" or not self.cmuid:
+            raise ValueError("only a NOTIFY MESSAGE with a Cmuid can be replied to")
+        return await self._client.publish_reply(self.header("Reply-Topic") or self.topic, self.cmuid, data,
+                                                 **options)
+
+    # -- NOTIFY TOPIC / SERVER
+
+    def _event(self) -> tuple[str | None, str | None]:
+        if self.resource == "TOPIC":
+            text = self.header("Action") or ""
+            word, _, rest = text.strip().partition(" ")
+            word = word.upper()
+            return cp.TOPIC_ACTIONS.get(word, word) or None, rest.strip() or None
+        if self.resource == "SERVER":
+            word, _, rest = self.topic.strip().partition(" ")
+            return word.upper() or None, rest.strip() or None
+        return None, None
+
+    @property
+    def action(self) -> str | None:
+        """TOPIC: ADDED, RENAME, DELETED or KEYWORDS; SERVER: BYE or TIMEOUT."""
+        return self._event()[0]
+
+    @property
+    def value(self) -> str | None:
+        """What follows the action: the new name, the keywords, the timeout."""
+        return self._event()[1]
+
+    @property
+    def new_name(self) -> str | None:
+        return self.value if self.action == "RENAME" else None
+
+    @property
+    def keywords(self) -> list[str]:
+        return cp.parse_keywords(self.value or "") if self.action == "KEYWORDS" else []
+
+    @property
+    def timeout(self) -> str | None:
+        """NOTIFY SERVER TIMEOUT's timeout, or BYE's (``None``: right away)."""
+        return self.value if self.resource == "SERVER" else None
+
+    @property
+    def count(self) -> int | None:
+        """NOTIFY SUBSCRIBERS: the topic's subscriber count."""
+        value = self.header("Count")
+        return int(value) if value is not None and value.strip().isdigit() else None
+
+
+_CLOSED = object()  # queued after the last notification of a closed connection
+
+
+class _Channel:
+    """One connection: writes requests, reads frames, matches replies to requests in order."""
+
+    def __init__(self, client: SMQPClient, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                 main: bool):
+        self.client = client
+        self.reader = reader
+        self.writer = writer
+        self.main = main
+        self.parser = cp.ServerReader(greeting=main)
+        self.waiting: deque[asyncio.Future] = deque()
+        self.lock = asyncio.Lock()  # held while writing, and across an exchange that must not interleave
+        self.closed = asyncio.Event()
+        self.error: Exception | None = None
+        self.task = asyncio.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        try:
+            while data := await self.reader.read(65536):
+                for frame in self.parser.feed(data):
+                    self._dispatch(frame)
+        except OSError:
+            pass  # reset, or closed under us: the waiters hear "connection closed"
+        except Exception as error:  # noqa: BLE001 - ServerProtocolError above all: we cannot resync
+            self.error = error
+            self.writer.transport.abort()
+        finally:
+            self.closed.set()
+            problem = self.error or ConnectionError("connection closed by server")
+            for waiter in self.waiting:
+                if not waiter.done():
+                    waiter.set_exception(problem)
+            self.waiting.clear()
+            self.client._channel_closed(self)
+
+    def _dispatch(self, frame: cp.Frame) -> None:
+        if isinstance(frame, cp.Greeting):
+            self.client._greeting(frame.text)
+        elif isinstance(frame, cp.NotifyFrame):
+            self.client._notified(Notification(frame.resource, frame.topic, frame.headers, frame.sections,
+                                               self.client, self))
+        elif self.waiting:  # a reply or continuation; a cancelled waiter still owns its reply
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(frame)
+
+    def submit(self, data: bytes, *, messages: bool = False) -> asyncio.Future:
+        """Write one request now; the future gets its reply frame.  Call with :attr:`lock` held."""
+        if self.closed.is_set():
+            raise self.error or ConnectionError("connection closed")
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiter)
+        self.parser.expect_reply(messages=messages)
+        self.writer.write(data)
+        return waiter
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+def _check(frame: cp.ReplyFrame | cp.Continuation) -> cp.ReplyFrame | cp.Continuation:
+    if isinstance(frame, cp.ReplyFrame) and frame.code >= 400:
+        raise SMQPError(frame.code, frame.lines)
+    return frame
+
+
+def _unsub_entry(line: str, default: str) -> tuple[str, str]:
+    """``MESSAGE /a`` → (MESSAGE, /a); ``SUB /a`` → (SUBSCRIBERS, /a); ``/a`` → (default, /a)."""
+    word, _, rest = line.strip().partition(" ")
+    if word.upper() in _RESOURCE_WORDS and rest:
+        return _RESOURCE_WORDS[word.upper()], rest.strip()
+    return default, line.strip()
 
 
 class SMQPClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._reader = reader
-        self._writer = writer
-        self._parser = cp.ServerReader()
-        self._waiting: deque[asyncio.Future] = deque()
-        self.notifications: asyncio.Queue[Notification] = asyncio.Queue()
+        self._notifications: asyncio.Queue = asyncio.Queue()
         self.greeting: str = ""
+        self.login_attributes: dict[str, str] = {}  # Topic, Timeout, Time, Guid of the last login
         self._greeted = asyncio.get_running_loop().create_future()
         self._cmuids = itertools.count(1)
-        self._task = asyncio.create_task(self._read_loop())
-        self.closed = asyncio.Event()
+        self._listener: asyncio.Server | None = None
+        self._notify_channels: set[_Channel] = set()
+        self._main = _Channel(self, reader, writer, main=True)
+        self.closed = self._main.closed
+
+    # -- connecting
 
     @classmethod
     async def connect(cls, host: str, port: int, timeout: float = 10.0) -> SMQPClient:
+        """Open a connection and wait for the server's identification line."""
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         client = cls(reader, writer)
-        client.greeting = await asyncio.wait_for(client._greeted, timeout)
+        try:
+            client.greeting = await asyncio.wait_for(client._greeted, timeout)
+        except BaseException:
+            await client.close()
+            raise
         return client
+
+    @classmethod
+    async def open(cls, host: str, port: int, account: str = "guest", password: str = "", *,
+                   timeout: float = 10.0, max_redirects: int = 5) -> SMQPClient:
+        """Connect and log in, following up to ``max_redirects`` 311 redirects (4.1.1)."""
+        for _ in range(max_redirects + 1):
+            client = await cls.connect(host, port, timeout)
+            try:
+                await asyncio.wait_for(client.login(account, password), timeout)
+                return client
+            except SMQPRedirect as redirect:
+                host, port = redirect.host, redirect.port
+                await client.close()
+            except BaseException:
+                await client.close()
+                raise
+        raise SMQPError(311, ["too many redirects", f"{host}:{port}"])
 
     async def __aenter__(self) -> SMQPClient:
         return self
@@ -82,86 +321,303 @@ class SMQPClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _read_loop(self) -> None:
-        try:
-            while data := await self._reader.read(65536):
-                for frame in self._parser.feed(data):
-                    self._dispatch(frame)
-        except ConnectionError:
-            pass
-        finally:
-            self.closed.set()
-            for waiter in self._waiting:
-                if not waiter.done():
-                    waiter.set_exception(ConnectionError("connection closed by server"))
+    # -- channel callbacks
+
+    def _greeting(self, text: str) -> None:
+        if not self._greeted.done():
+            self._greeted.set_result(text)
+
+    def _notified(self, note: Notification) -> None:
+        self._notifications.put_nowait(note)
+
+    def _channel_closed(self, channel: _Channel) -> None:
+        if channel is self._main:
             if not self._greeted.done():
-                self._greeted.set_exception(ConnectionError("connection closed before greeting"))
+                self._greeted.set_exception(channel.error or ConnectionError("connection closed before greeting"))
+                self._greeted.exception()  # retrieved: connect() reports it
+            self._notifications.put_nowait(_CLOSED)
+        else:
+            self._notify_channels.discard(channel)
 
-    def _dispatch(self, frame) -> None:
-        if isinstance(frame, cp.Greeting):
-            self._greeted.set_result(frame.text)
-        elif isinstance(frame, cp.NotifyFrame):
-            self.notifications.put_nowait(
-                Notification(self, frame.resource, frame.topic, frame.headers, frame.sections))
-        elif isinstance(frame, cp.ReplyFrame):
-            if self._waiting:  # a cancelled waiter still owns its reply
-                waiter = self._waiting.popleft()
-                if not waiter.done():
-                    waiter.set_result(frame)
+    def _accept_notify(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._notify_channels.add(_Channel(self, reader, writer, main=False))
 
-    async def command_raw(self, data: bytes) -> cp.ReplyFrame:
+    # -- requests
+
+    async def _request(self, channel: _Channel, data: bytes, *, messages: bool = False
+                       ) -> cp.ReplyFrame | cp.Continuation:
+        async with channel.lock:
+            waiter = channel.submit(data, messages=messages)
+            await channel.writer.drain()
+        return _check(await waiter)
+
+    async def command_raw(self, data: bytes, *, messages: bool = False) -> cp.ReplyFrame:
         """Send prepared bytes and wait for the matching reply; raise SMQPError on 4xx/5xx."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        self._writer.write(data)
-        await self._writer.drain()
-        reply = await waiter
-        if reply.code >= 400:
-            raise SMQPError(reply.code, reply.lines)
+        reply = await self._request(self._main, data, messages=messages)
+        if not isinstance(reply, cp.ReplyFrame):
+            raise cp.ServerProtocolError(f"unexpected continuation {reply.text!r}")
         return reply
 
     async def command(self, *words: str) -> cp.ReplyFrame:
         return await self.command_raw(cp.render_command(*words))
 
+    async def _lines(self, *words: str) -> list[str]:
+        return cp.payload(await self.command(*words))
+
+    # -- LOGIN, NOOP, QUIT
+
     async def login(self, account: str, password: str = "") -> dict[str, str]:
-        """LOGIN with CLEAR + PASS; returns the attributes of the 200 reply (Topic, Guid, …)."""
-        await self.command("LOGIN", account, "CLEAR/1.0")
+        """LOGIN with CLEAR + PASS; returns the attributes of the 200 reply (Topic, Guid, …).
+        Raises :class:`SMQPRedirect` on 311.  PASS sends the password as one word: no spaces."""
+        if any(c.isspace() for c in password):
+            raise ValueError("a password sent with PASS cannot contain spaces")
+        reply = await self.command("LOGIN", account, "CLEAR/1.0")
+        if reply.code == 311:
+            raise SMQPRedirect(reply.code, reply.lines)
         reply = await self.command(*(["PASS", account, password] if password else ["PASS", account]))
-        return dict(line.split(": ", 1) for line in reply.lines if ": " in line)
-
-    async def publish(self, topic: str, data: bytes | str, *, content_type: str = "text/plain",
-                      headers: list[tuple[str, str]] = (), cmuid: str | None = None) -> int:
-        """PUB MESSAGE with one data section; returns the server's SMUID once durable."""
-        body = data.encode() if isinstance(data, str) else data
-        cmuid = cmuid or f"C{next(self._cmuids)}"
-        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
-        reply = await self.command_raw(cp.render_publish(topic, cmuid, list(headers), [section]))
-        return int(reply.lines[-1].split()[-1])
-
-    async def subscribe(self, pattern: str) -> list[str]:
-        return (await self.command("SUB", "MESSAGE", pattern)).lines[1:]
-
-    async def unsubscribe(self, pattern: str) -> list[str]:
-        return (await self.command("UNSUB", "MESSAGE", pattern)).lines[1:]
+        self.login_attributes = dict(line.split(": ", 1) for line in reply.lines if ": " in line)
+        return self.login_attributes
 
     async def noop(self) -> None:
         await self.command("NOOP")
-
-    async def next_notification(self, timeout: float | None = None) -> Notification:
-        return await asyncio.wait_for(self.notifications.get(), timeout)
 
     async def quit(self) -> None:
         await self.command("QUIT")
         await self.close()
 
+    # -- COUNT, LIST, FIND, GET
+
+    async def count_topics(self, topic: str) -> int:
+        return cp.leading_int((await self.command("COUNT", "TOPIC", topic)).lines[-1])
+
+    async def count_messages(self, topic: str) -> int:
+        return cp.leading_int((await self.command("COUNT", "MESSAGE", topic)).lines[-1])
+
+    async def count_subscribers(self, topic: str) -> int:
+        return cp.leading_int((await self.command("COUNT", "SUBSCRIBERS", topic)).lines[-1])
+
+    async def list_topics(self, topic: str = "/") -> list[tuple[str, str | None]]:
+        """Child topics as (path, target); target is set for a virtual topic."""
+        return [cp.parse_topic_entry(line) for line in await self._lines("LIST", "TOPIC", topic)]
+
+    async def list_messages(self, topic: str) -> list[int]:
+        """The SMUIDs in ``topic``, ranges expanded."""
+        return cp.parse_ranges(",".join(await self._lines("LIST", "MESSAGE", topic)))
+
+    async def list_subscriptions(self) -> list[str]:
+        return await self._lines("LIST", "SUBSCRIPTIONS")
+
+    async def find_topics(self, pattern: str, keywords: Iterable[str] = ()) -> list[tuple[str, list[str]]]:
+        """Topics matching ``pattern`` (``/a`` or ``/a/*``) and any of ``keywords``, with their keywords."""
+        keywords = list(keywords)
+        words = ["FIND", "TOPIC", pattern]
+        if keywords:
+            words.append(cp.format_keywords(keywords)[1:-1])
+        return [cp.parse_found_topic(line) for line in await self._lines(*words)]
+
+    async def get_keywords(self, topic: str) -> list[str]:
+        return cp.parse_keywords(",".join(await self._lines("GET", "TOPIC", "KEYWORDS", topic)))
+
+    async def get_messages(self, topic: str, selector: int | str | range | Iterable[int | range] = "*"
+                           ) -> list[Message]:
+        """GET MESSAGE by SMUID, ranges (``"1845-1890,1905"``, ``range``, a list) or ``"*"``.
+        No match is a 404 :class:`SMQPError`."""
+        data = cp.render_command("GET", "MESSAGE", topic, cp.format_ranges(selector))
+        reply = await self.command_raw(data, messages=True)
+        return [Message(m.headers, m.sections) for m in reply.messages]
+
+    # -- CREATE, REMOVE, SET TOPIC
+
+    async def create_topic(self, topic: str, keywords: Iterable[str] = (), target: str | None = None) -> None:
+        """CREATE TOPIC, with keywords and, for a virtual topic, the topic it maps to."""
+        keywords = list(keywords)
+        words = ["CREATE", "TOPIC", topic]
+        if keywords:
+            words.append(cp.format_keywords(keywords))
+        if target is not None:
+            words += [">", target]
+        await self.command(*words)
+
+    async def remove_topic(self, topic: str) -> int:
+        """REMOVE TOPIC; returns how many messages are still pending delivery."""
+        lines = await self._lines("REMOVE", "TOPIC", topic)
+        return cp.leading_int(lines[-1]) if lines else 0
+
+    async def rename_topic(self, topic: str, new_topic: str) -> None:
+        await self.command("SET", "TOPIC", "NAME", topic, new_topic)
+
+    async def set_keywords(self, topic: str, keywords: Iterable[str]) -> None:
+        """SET TOPIC KEYWORD: replaces the topic's keywords (an empty list clears them)."""
+        keywords = list(keywords)
+        await self.command("SET", "TOPIC", "KEYWORD", topic, cp.format_keywords(keywords) if keywords else "()")
+
+    # -- SET LOGIN
+
+    async def set_login(self, attribute: str, value: str) -> None:
+        """SET LOGIN NAME|EMAIL|ADDRESS|PHONE ``value`` (spaces allowed); passwords: change_password."""
+        attribute = attribute.upper()
+        if attribute not in LOGIN_ATTRIBUTES:
+            raise ValueError(f"SET LOGIN {attribute}: expected one of {', '.join(LOGIN_ATTRIBUTES)}"
+                             + (" (use change_password)" if attribute.startswith("PASS") else ""))
+        if not value.strip():
+            raise ValueError(f"SET LOGIN {attribute} needs a value")
+        await self.command("SET", "LOGIN", attribute, value.strip())
+
+    async def change_password(self, old: str, new: str) -> None:
+        """SET LOGIN PASSWORD CLEAR/1.0 (4.1.6.2.1): ``+ old password`` → old, ``+ new password`` → new.
+
+        Nothing else is sent on the connection meanwhile.  Should this be
+        cancelled half way, the connection is dropped: the server would
+        otherwise read the next command as a password.
+        """
+        if not new or any(c.isspace() for c in new):
+            raise ValueError("the new password must be one word (LOGIN sends it with PASS)")
+        lines = [cp.render_line(text) for text in ("SET LOGIN PASSWORD CLEAR/1.0", old, new)]
+        channel = self._main
+        async with channel.lock:
+            exchange_open = False  # the server is reading our lines as passwords
+
+            async def step(data: bytes, expect: type, last: bool = False):
+                nonlocal exchange_open
+                waiter = channel.submit(data)
+                exchange_open = not last
+                await channel.writer.drain()
+                reply = await waiter
+                if isinstance(reply, cp.ReplyFrame) and reply.code >= 400:
+                    exchange_open = False  # a refusal ends the exchange
+                    raise SMQPError(reply.code, reply.lines)
+                if not isinstance(reply, expect):
+                    raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: unexpected {reply!r}")
+                return reply
+
+            try:
+                prompt = await step(lines[0], cp.ReplyFrame)
+                if not prompt.lines[-1].startswith("+"):
+                    raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
+                await step(lines[1], cp.Continuation)
+                await step(lines[2], cp.ReplyFrame, last=True)
+            except BaseException:
+                if exchange_open:
+                    channel.writer.transport.abort()
+                raise
+
+    # -- SET NOTIFY
+
+    async def suspend(self, topic: str | None = None) -> None:
+        """SET NOTIFY SUSPEND: hold NOTIFY MESSAGE (for ``topic``, or all)."""
+        await self.command("SET", "NOTIFY", "SUSPEND", *([topic] if topic else []))
+
+    async def resume(self, topic: str | None = None) -> None:
+        await self.command("SET", "NOTIFY", "RESUME", *([topic] if topic else []))
+
+    async def notify_port(self, port: int = 0, host: str | None = None, *, listen_host: str | None = None) -> int:
+        """SET NOTIFY PORT: listen first (``port`` 0: any free port), then ask the server to connect.
+
+        The listener binds ``listen_host``, else ``host``, else this
+        connection's own local address.  Notifications arriving there come
+        out of :meth:`next_notification` like the others; their ``ack()``
+        answers there.  Returns the port listened on.
+        """
+        bind = listen_host or host or self._main.writer.get_extra_info("sockname")[0]
+        before = set(self._notify_channels)
+        listener = await asyncio.start_server(self._accept_notify, bind, port)
+        actual = listener.sockets[0].getsockname()[1]
+        try:
+            await self.command("SET", "NOTIFY", "PORT", str(actual), *([host] if host else []))
+        except BaseException:
+            listener.close()
+            for channel in self._notify_channels - before:  # the server connected, then refused
+                await channel.close()
+            raise
+        previous, self._listener = self._listener, listener
+        if previous is not None:
+            previous.close()
+        return actual
+
+    # -- PUBLISH
+
+    async def publish(self, topic: str, data: bytes | str, *, content_type: str = "text/plain",
+                      headers: Iterable[tuple[str, str]] = (), cmuid: str | None = None) -> int:
+        """PUB MESSAGE with one data section; returns the server's SMUID once durable."""
+        return await self._publish("MESSAGE", topic, data, content_type, list(headers), cmuid)
+
+    async def publish_reply(self, topic: str, cmuid_replied_to: str, data: bytes | str, *,
+                            content_type: str = "text/plain", headers: Iterable[tuple[str, str]] = (),
+                            cmuid: str | None = None) -> int:
+        """PUB REPLY (4.1.8.2): a message to the publisher of the one whose CMUID
+        (``account/guid/uid``, its ``Cmuid`` attribute) is ``cmuid_replied_to``;
+        ``topic`` is the topic that message came from.  Returns the SMUID."""
+        headers = [("Cmuid", cmuid_replied_to), *((n, v) for n, v in headers if n.lower() != "cmuid")]
+        return await self._publish("REPLY", topic, data, content_type, headers, cmuid)
+
+    async def _publish(self, resource: str, topic: str, data: bytes | str, content_type: str,
+                       headers: Headers, cmuid: str | None) -> int:
+        body = data.encode() if isinstance(data, str) else data
+        cmuid = cmuid or f"C{next(self._cmuids)}"
+        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
+        reply = await self.command_raw(cp.render_publish(topic, cmuid, headers, [section], resource))
+        return int(reply.lines[-1].split()[-1])
+
+    # -- SUBSCRIBE, UNSUBSCRIBE
+
+    async def subscribe(self, pattern: str, since: datetime | str | None = None,
+                        until: datetime | str | None = None) -> list[str]:
+        """SUB MESSAGE; returns the topics subscribed (a wildcard's matching topics)."""
+        words = ["SUB", "MESSAGE", pattern]
+        if since is not None:
+            words += ["SINCE", cp.format_date_time(since)]
+        if until is not None:
+            words += ["UNTIL", cp.format_date_time(until)]
+        return await self._lines(*words)
+
+    async def subscribe_topic(self, pattern: str) -> list[str]:
+        """SUB TOPIC: NOTIFY TOPIC when topics matching ``pattern`` are added, renamed, removed, re-keyworded."""
+        return await self._lines("SUB", "TOPIC", pattern)
+
+    async def subscribe_subscribers(self, pattern: str) -> list[str]:
+        """SUB SUBSCRIBER: NOTIFY SUBSCRIBERS when the subscriber count of ``pattern`` changes."""
+        return await self._lines("SUB", "SUBSCRIBER", pattern)
+
+    async def subscribe_server_timeout(self) -> None:
+        """SUB SERVER TIMEOUT: NOTIFY SERVER TIMEOUT with the server's default message timeout."""
+        await self.command("SUB", "SERVER", "TIMEOUT")
+
+    async def unsubscribe(self, pattern: str) -> list[tuple[str, str]]:
+        """UNSUB MESSAGE ``/a``, ``/a/*`` or ``*``; returns (resource, topic) of each subscription ended."""
+        return [_unsub_entry(line, "MESSAGE") for line in await self._lines("UNSUB", "MESSAGE", pattern)]
+
+    async def unsubscribe_topic(self, pattern: str) -> list[tuple[str, str]]:
+        return [_unsub_entry(line, "TOPIC") for line in await self._lines("UNSUB", "TOPIC", pattern)]
+
+    async def unsubscribe_subscribers(self, pattern: str) -> list[tuple[str, str]]:
+        return [_unsub_entry(line, "SUBSCRIBERS") for line in await self._lines("UNSUB", "SUBSCRIBER", pattern)]
+
+    async def unsubscribe_server_timeout(self) -> None:
+        await self.command("UNSUB", "SERVER", "TIMEOUT")
+
+    async def unsubscribe_all(self) -> list[tuple[str, str]]:
+        """UNSUB *: every subscription of every resource."""
+        return [_unsub_entry(line, "MESSAGE") for line in await self._lines("UNSUB", "*")]
+
+    # -- notifications
+
+    async def next_notification(self, timeout: float | None = None) -> Notification:
+        """The next NOTIFY of any kind from any connection; ``TimeoutError`` after
+        ``timeout`` seconds, ``ConnectionError`` once the connection has closed."""
+        note = await asyncio.wait_for(self._notifications.get(), timeout)
+        if note is _CLOSED:
+            self._notifications.put_nowait(_CLOSED)  # for the next caller too
+            raise self._main.error or ConnectionError("connection closed")
+        return note
+
+    # -- closing
+
     async def close(self) -> None:
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except ConnectionError:
-            pass
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        for channel in list(self._notify_channels):
+            await channel.close()
+        if listener is not None:
+            await listener.wait_closed()
+        await self._main.close()
