@@ -842,7 +842,7 @@ class Session:
         if line is Need.LINE_TOO_LONG:
             self._continuation = None
             return self._bad(Reply.error(BAD_REQUEST, "line too long"))
-        if self._continuation is not None:
+        if self._continuation is not None and line:  # the empty line after a command is not an answer
             continuation, self._continuation = self._continuation, None
             return continuation(line)
         return self._dispatch(line)
