@@ -1026,7 +1026,7 @@ class Session:
                 if not registry.visible(topic):
                     return None
                 return self._reply(Reply.ok(*self._topic_lines(registry.children(topic))))
-            if not self._own_or_public(topic) or topic not in registry.topics and not registry.live(topic):
+            if not self._own_or_public(topic) or not registry.readable(topic):
                 return None
             return [ReadMessages((topic,), self._render_list)]
         return self._consult(decide, topic)
@@ -1088,7 +1088,7 @@ class Session:
             return [Send(b"200 OK\r\n" + body + CRLF)]
 
         def decide() -> list[Action] | None:
-            if not self._own_or_public(topic) or topic not in self._registry.topics and not self._registry.live(topic):
+            if not self._own_or_public(topic) or not self._registry.readable(topic):
                 return None
             return [ReadMessages((topic,), render)]
         return self._consult(decide, topic)

@@ -35,7 +35,7 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
-from schemas.topics import ancestors, account_topic, covers, is_account_topic, parent, parse_pattern
+from schemas.topics import ancestors, covers, is_account_topic, parent, parse_pattern
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"
@@ -293,6 +293,11 @@ class Registry:
             return path
         return topic.target if self.live(topic.target) else None
 
+    def readable(self, path: str) -> bool:
+        """Messages can be listed and read: a live topic, or a removed one until its last
+        pending delivery went out (REMOVE TOPIC, 4.1.5)."""
+        return self.live(path) or (path in self.topics and self.pending_for_topic(path) > 0)
+
     def visible(self, path: str) -> bool:
         """Shown by LIST/COUNT/FIND: live, not an account topic."""
         return not is_account_topic(path) and self.live(path)
@@ -359,5 +364,3 @@ class Registry:
                 found.append(topic)
         return found
 
-    def account_topic_of(self, account: str) -> str:
-        return account_topic(account)

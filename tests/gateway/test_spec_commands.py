@@ -593,3 +593,17 @@ def test_publish_reply_reply_codes():
     assert wire(actions) == (b"400 Bad request (PUB REPLY needs the Cmuid attribute of the message replied to)\r\n\r\n"
                              b"404 Not found (account nobody)\r\n\r\n"
                              b"405 Not allowed (account topics take replies (PUB REPLY), not messages)\r\n\r\n")
+
+
+def test_a_removed_topic_stays_readable_until_its_last_pending_delivery():
+    """4.1.5: it is only removed once the last message has been delivered."""
+    registry = make_registry(["/t"])
+    pending = {"/t": 2}
+    registry.pending_for_topic = lambda topic: pending.get(topic, 0)
+    session = session_with(registry=registry)()
+    session.registry.pending_for_topic = registry.pending_for_topic
+    session.stored["/t"] = [stored(5, "/t")]
+    assert wire(run(session, [b"REMOVE TOPIC /t\r\nLIST MESSAGE /t\r\n"])) == \
+        b"200-OK\r\n200 2 messages pending\r\n\r\n200-OK\r\n200 5\r\n\r\n"
+    pending["/t"] = 0
+    assert wire(run(session, [b"LIST MESSAGE /t\r\nGET MESSAGE /t 5\r\n"])) == b"404 Not found (/t)\r\n\r\n" * 2
