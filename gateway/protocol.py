@@ -8,6 +8,13 @@ out the actions it returns, **in order**:
 * :class:`Durable` — append ``event.to_bytes()`` to Kafka (acks=all) under
   ``key``, and only then write ``reply``; on failure write a 503 instead.
   Later actions wait for it, so replies keep the order of the commands;
+* :class:`Control` — append a control event to commands partition 0 and
+  write the outcome the registry's fold recorded for it;
+* :class:`Consult` — answer from the registry once this session's earlier
+  control events are folded (syncing first when it finds nothing);
+* :class:`ReadMessages` — load stored messages, then write what ``render``
+  makes of them;
+* :class:`ConnectNotify` / :class:`Wake` — SET NOTIFY PORT / RESUME;
 * :class:`LoggedIn` — the session now belongs to an account (start tailing
   its deliveries);
 * :class:`Close` — close the connection after writing what came before.
@@ -27,10 +34,11 @@ Wire rules (spec section 4, decided where the spec is loose):
   inside a frame are answered once the frame has ended, so the next command
   always parses; a frame that never ends is the I/O layer's timer's job
   (:meth:`Session.frame_timeout`).
-* Verbs the spec has but this gateway does not serve yet answer ``501``
-  naming the verb (a PUB REPLY body is consumed first).
-* Wildcard SUB/UNSUB MESSAGE replies echo the pattern (``200 /stocks/*``):
-  the gateway cannot list matching topics, which the streaming job owns.
+* Topics must exist (CREATE TOPIC) before PUB/SUB; a wildcard SUB lists the
+  topics it matches today.  Account topics ``/accounts/<name>`` take PUB
+  REPLY only, and only their owner may subscribe to them.
+* SET LOGIN PASSWORD reads its answers as continuation lines (the empty line
+  after the command is skipped); a virtual topic on a remote server is 501.
 """
 
 from __future__ import annotations
