@@ -1,10 +1,12 @@
 """``smqp-local``: the whole system on one machine, on embedded defaults.
 
 Starts the development Kafka broker (tansu, memory storage), creates the
-topics, then the Spark streaming job (local mode) and one SMQP gateway as
-child processes, prints where everything is, and on Ctrl-C stops them in
-order: the gateway first (clients get ``NOTIFY SERVER BYE``), then the job
-(it finishes its micro-batch), then the broker.
+topics, then the Spark streaming job (local mode), one SMQP gateway (with its
+Prometheus status page) and the ops dashboard as child processes, prints
+where everything is, and on Ctrl-C stops them in order: the dashboard, the
+gateway (clients get ``NOTIFY SERVER BYE``), then the job (it finishes its
+micro-batch), then the broker.  The dashboard is an onlooker: if it cannot
+start (its port is taken), the rest keeps running.
 
 The dev broker keeps nothing across runs, so each run gets its own
 streaming checkpoint (the query name carries the start time); the Delta
@@ -22,8 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from deploy.broker import DevBroker, create_topics, wait_for_port
-from schemas.config import load_config
+from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from schemas.config import DashboardConfig, load_config
 
 
 def _stop(process: subprocess.Popen, name: str, timeout: float = 30.0) -> None:
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = str(Path(config.data_dir).absolute())
     broker_port = int(config.kafka.bootstrap.rsplit(":", 1)[1])
     query_name = f"{config.streaming.query_name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    status_port = config.gateway.status_port or free_port()  # the dashboard scrapes the gateway here
+    dashboard_port = config.dashboard.port or free_port()
+    gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
 
     stop_requested = False
 
@@ -66,26 +71,46 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = DevBroker(port=broker_port, log_path=str(Path(data_dir, "broker.log"))).start()
     children: list[tuple[str, subprocess.Popen]] = []
+    dashboard: subprocess.Popen | None = None
     try:
         create_topics(config.kafka)
         env = dict(os.environ, SMQP_DATA_DIR=data_dir, SMQP_KAFKA_BOOTSTRAP=config.kafka.bootstrap,
-                   SMQP_STREAMING_QUERY_NAME=query_name, PYSPARK_PYTHON=sys.executable)
+                   SMQP_STREAMING_QUERY_NAME=query_name, PYSPARK_PYTHON=sys.executable,
+                   SMQP_GATEWAY_STATUS_PORT=str(status_port))
         if args.config:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
         for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server")):
             children.append((name, subprocess.Popen([sys.executable, "-m", module], env=env,
                                                     start_new_session=True)))
+        dashboard_env = dict(env, SMQP_DASHBOARD_PORT=str(dashboard_port))
+        if not config.dashboard.gateways:
+            dashboard_env["SMQP_DASHBOARD_GATEWAYS"] = gateway_status
+        dashboard = subprocess.Popen([sys.executable, "-m", "deploy.dashboard"], env=dashboard_env,
+                                     start_new_session=True)
         wait_for_port(config.gateway.host, config.gateway.port, timeout=90)
+        dashboard_url = f"http://{config.dashboard.host}:{dashboard_port}/"
+        try:
+            wait_for_port(config.dashboard.host, dashboard_port, timeout=30)
+            time.sleep(0.2)  # a dashboard that lost its port to another process exits at once
+        except TimeoutError:
+            pass
+        if dashboard.poll() is not None:
+            dashboard_url = "not running (see its error above)"
         print(
             "\nSMQP on Spark is running:\n"
             f"  SMQP gateway     {config.gateway.host}:{config.gateway.port}   "
             f"(try: smqp sub '/stocks/*'  and  smqp pub /stocks/quotes/ibm 24.567)\n"
             f"  Kafka broker     {config.kafka.bootstrap}   (tansu, memory storage; log {data_dir}/broker.log)\n"
             f"  streaming job    Spark {config.streaming.master}, query {query_name}\n"
-            f"  Delta tables     {data_dir}/tables/{{messages,deliveries,subscriptions}}\n"
+            f"  Delta tables     {data_dir}/tables/{{messages,deliveries,subscriptions,metrics}}\n"
+            f"  dashboard        {dashboard_url}   (Prometheus: {dashboard_url.rstrip('/')}/metrics)\n"
+            f"  gateway metrics  {gateway_status}\n"
             "Press Ctrl-C to stop.\n", flush=True,
         )
         while not stop_requested:
+            if dashboard is not None and dashboard.poll() is not None:
+                print(f"dashboard exited with code {dashboard.returncode}; the rest keeps running", file=sys.stderr)
+                dashboard = None
             for name, child in children:
                 if child.poll() is not None:
                     print(f"{name} exited with code {child.returncode}; stopping", file=sys.stderr)
@@ -96,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smqp-local: could not start: {error}", file=sys.stderr)
         return 1
     finally:
+        if dashboard is not None:
+            _stop(dashboard, "dashboard", timeout=10)
         for name, child in reversed(children):
             _stop(child, name)
         broker.stop()

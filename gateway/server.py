@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
 from gateway.message_store import MessageStore
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics, MeteredSession, Response, serve_http
 from gateway.protocol import (
     Close,
     ConnectNotify,
@@ -79,6 +81,7 @@ class Connection:
         self.folded = asyncio.Event()
         self.queue = NotifyQueue()  # filled at LOGIN from the account's pending deliveries
         self.in_flight: Deliver | None = None  # the NOTIFY awaiting the client's 310 ACK
+        self.notified_at = 0.0  # when in_flight was sent (monotonic), for the ACK latency histogram
         self.acking = False  # the client's 310 ACK is being made durable
         self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
@@ -247,18 +250,23 @@ class Connection:
         """Both phases done: forget the message for good, then offer the next one."""
         self.acking = False
         self.in_flight = None
+        self.gateway.metrics.ack_latency.observe(time.monotonic() - self.notified_at)
         self.gateway.book.acknowledged(ack.account, ack.smuid)
         self.send_next()
 
     async def _write_loop(self) -> None:
+        frame_out = self.gateway.metrics.frame_out
         while (item := await self.outbox.get()) is not None:
             if isinstance(item, _PendingReply):
-                self.writer.write(await self._settle(item))
+                data = await self._settle(item)
+                frame_out(data)
+                self.writer.write(data)
                 if item.ack and not self._ack_settled(item.ack):
                     break
             elif callable(item):
                 item()
             else:
+                frame_out(item)
                 self.writer.write(item)
             if self.outbox.empty():
                 await self._drain()
@@ -293,6 +301,7 @@ class Connection:
         deliver = self.queue.pop(skip=lambda d: self.session.suspended(d.topic))
         if deliver is not None:
             self.in_flight = deliver
+            self.notified_at = time.monotonic()
             self.notify(self.session.notify(deliver))
 
     def channel_lost(self, channel: NotifyChannel) -> None:
@@ -322,6 +331,7 @@ class NotifyChannel:
         self.task = asyncio.create_task(self._read_acks())
 
     def write(self, data: bytes) -> None:
+        self.connection.gateway.metrics.frame_out(data)
         self.writer.write(data)
 
     def close(self) -> None:
@@ -336,11 +346,11 @@ class NotifyChannel:
                     if isinstance(action, Durable):
                         connection.acking = True
                         pending = connection._make_durable(action)
-                        self.writer.write(await connection._settle(pending))
+                        self.write(await connection._settle(pending))
                         if not connection._ack_settled(pending.ack):
                             return
                     elif isinstance(action, Send):
-                        self.writer.write(action.data)
+                        self.write(action.data)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -381,15 +391,18 @@ class Gateway:
         self.tail: DeliveriesTail | None = None
         self.control: ControlTail | None = None
         self.server: asyncio.base_events.Server | None = None
+        self.metrics = GatewayMetrics(self)
+        self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
 
     def _is_account(self, name: str) -> bool:
         return self.accounts.exists(name)
 
     def new_session(self) -> Session:
-        return Session(self.config.gateway, self.accounts.authenticate,
-                       clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
-                       registry=self.registry, new_request=lambda: uuid.uuid4().hex, hash_password=hash_password)
+        return MeteredSession(self.config.gateway, self.accounts.authenticate, metrics=self.metrics,
+                              clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
+                              registry=self.registry, new_request=lambda: uuid.uuid4().hex,
+                              hash_password=hash_password)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -404,14 +417,29 @@ class Gateway:
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
                                                  limit=self.config.gateway.max_line_bytes * 2)
         log.info("SMQP gateway listening on %s", self.address)
+        if self.config.gateway.status_port:
+            self.status = await serve_http(self.config.gateway.host, self.config.gateway.status_port, {
+                "/metrics": self._metrics_page, "/healthz": self._health_page})
+            log.info("status page on http://%s:%s/metrics", *self.status_address)
 
     @property
     def address(self) -> tuple[str, int]:
         return self.server.sockets[0].getsockname()[:2]
 
+    @property
+    def status_address(self) -> tuple[str, int] | None:
+        return self.status.sockets[0].getsockname()[:2] if self.status else None
+
+    async def _metrics_page(self, query: str) -> Response:
+        return Response(self.metrics.render(), CONTENT_TYPE)
+
+    async def _health_page(self, query: str) -> Response:
+        return Response("ok\n")
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = Connection(self, reader, writer)
         self.connections.add(connection)
+        self.metrics.connections_total.inc()
         try:
             await connection.run()
         finally:
@@ -492,6 +520,8 @@ class Gateway:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""
         if self.server:
             self.server.close()
+        if self.status:
+            self.status.close()
         for connection in list(self.connections):
             if not connection.closing:
                 connection.outbox.put_nowait(connection.session.server_bye())
@@ -512,6 +542,8 @@ async def serve(config: SMQPConfig, ready: asyncio.Event | None = None) -> None:
     await gateway.start()
     host, port = gateway.address
     print(f"SMQP gateway ready on {host}:{port} (node {config.gateway.node_id})", flush=True)
+    if gateway.status_address:
+        print("status page on http://%s:%s/metrics" % gateway.status_address, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

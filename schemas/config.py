@@ -42,6 +42,7 @@ class GatewayConfig:
     frame_timeout_s: float = 30.0  # an unfinished frame older than this gets 408 and a close
     max_bad_commands: int = 20  # syntax errors tolerated per session before it is closed
     max_children_per_topic: int = 1000  # CREATE TOPIC beyond this gets 414
+    status_port: int = 0  # HTTP /metrics (Prometheus) on this port of ``host``; 0 = off
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,39 @@ class StreamingConfig:
 
 
 @dataclass(frozen=True)
+class DashboardConfig:
+    host: str = "127.0.0.1"
+    port: int = 7722
+    # the gateways' status pages to aggregate ("http://host:port/metrics"); empty: this
+    # configuration's own gateway, when its status_port is set
+    gateways: tuple[str, ...] = ()
+    refresh_s: float = 2.0  # how often the dashboard re-reads the tables and the gateways (and the page polls)
+    scrape_timeout_s: float = 2.0  # a gateway that does not answer by then is shown as down
+    history_batches: int = 120  # micro-batches of the metrics table shown in the charts
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gateways, str):  # SMQP_DASHBOARD_GATEWAYS=url,url
+            object.__setattr__(self, "gateways", tuple(u.strip() for u in self.gateways.split(",") if u.strip()))
+        else:
+            object.__setattr__(self, "gateways", tuple(self.gateways))
+
+    def gateway_urls(self, gateway: GatewayConfig) -> tuple[str, ...]:
+        """The status pages to scrape: ``gateways``, else ``gateway``'s own when it has one."""
+        if self.gateways:
+            return self.gateways
+        if gateway.status_port:
+            host = "127.0.0.1" if gateway.host in ("0.0.0.0", "", "::") else gateway.host
+            return (f"http://{host}:{gateway.status_port}/metrics",)
+        return ()
+
+
+@dataclass(frozen=True)
 class SMQPConfig:
     data_dir: str = "smqp-data"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     # account name -> password hash (see gateway.accounts.hash_password)
     accounts: Mapping[str, str] = field(default_factory=dict)
 
