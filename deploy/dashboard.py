@@ -753,7 +753,11 @@ function spark(id, values, color) {
   line.setAttribute("points", xy.map(p => p.join(",")).join(" "));
   line.setAttribute("fill", "none"); line.setAttribute("stroke", color); line.setAttribute("stroke-width", "1.8");
   line.setAttribute("vector-effect", "non-scaling-stroke");
-  svg.append(area, line);
+  const dot = document.createElementNS(ns, "circle");  // the latest value, visible even alone
+  const [x, y] = xy[xy.length - 1];
+  dot.setAttribute("cx", Math.min(297, Math.max(3, x))); dot.setAttribute("cy", y); dot.setAttribute("r", "2.5");
+  dot.setAttribute("fill", color);
+  svg.append(area, line, dot);
 }
 function render(s) {
   const t = s.tables, g = s.totals, m = t.metrics, last = m.latest || {};
