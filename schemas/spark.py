@@ -53,6 +53,8 @@ COMMAND_EVENT = _struct(
     ("priority", IntegerType()),
     ("headers", HEADERS),
     ("sections", ArrayType(SECTION_JSON)),
+    ("since", LongType()),  # subscribe: microseconds, or null
+    ("until", LongType()),
 )
 
 #: Delta table ``messages``: every accepted publish, once.
@@ -72,6 +74,7 @@ MESSAGES_TABLE = _struct(
 )
 
 #: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.
+#: ``since`` / ``until``: the SINCE / UNTIL bounds of the latest SUBSCRIBE (null: open).
 SUBSCRIPTIONS_TABLE = _struct(
     ("account", StringType()),
     ("pattern", StringType()),
@@ -79,6 +82,8 @@ SUBSCRIPTIONS_TABLE = _struct(
     ("active", BooleanType()),
     ("subscribed_at", TimestampType()),
     ("unsubscribed_at", TimestampType()),
+    ("since", TimestampType()),
+    ("until", TimestampType()),
     ("batch_id", LongType()),
 )
 

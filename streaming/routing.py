@@ -18,7 +18,9 @@ of its Kafka record.  With one commands partition (the default) that is the
 log order; across partitions it falls back to Kafka timestamp order.  A
 publish is routed to a subscription iff ``from_seq < seq < to_seq`` where a
 null bound is open (``from_seq`` null: subscribed before this batch;
-``to_seq`` null: still subscribed at the end of the batch).
+``to_seq`` null: still subscribed at the end of the batch), and its
+``accepted_at`` lies in the interval's SINCE/UNTIL window.  A publish to an
+account topic ``/accounts/<name>`` also reaches ``<name>``, subscribed or not.
 
 Every transform is written once, as Spark SQL text: ``<name>_sql(...)``
 returns the ``SELECT`` of that transform over the relations (view or CTE
@@ -72,6 +74,8 @@ INTERVALS = StructType([
     StructField("from_seq", SEQ, True),
     StructField("to_seq", SEQ, True),
     StructField("unsubscribed_at", TimestampType(), True),
+    StructField("since", TimestampType(), True),  # SINCE / UNTIL of the SUBSCRIBE that opened it
+    StructField("until", TimestampType(), True),
 ])
 
 #: Output of :func:`route`: one row per (subscriber account, smuid), with what a Deliver carries.
@@ -190,42 +194,76 @@ def _covers(unsubscribed: str, pattern: str) -> str:
             f"AND startswith({pattern}, substr({unsubscribed}, 1, length({unsubscribed}) - 1))))")
 
 
+def _opens_sql(current: str, events: str) -> str:
+    """SQL: where intervals start: the active subscriptions before the batch, then each SUBSCRIBE."""
+    return f"""SELECT account, pattern, guid, subscribed_at, CAST(NULL AS {_SEQ_DDL}) AS from_seq, since, until
+FROM {current} WHERE active
+UNION ALL
+SELECT account, pattern, guid, {_micros_to_ts("accepted_at")} AS subscribed_at, seq AS from_seq,
+       {_micros_to_ts("since")} AS since, {_micros_to_ts("until")} AS until
+FROM {events} WHERE type = 'subscribe'"""
+
+
+def _closes_sql(events: str) -> str:
+    """SQL: where intervals end: each UNSUBSCRIBE, and each SUBSCRIBE (it redefines SINCE/UNTIL).
+
+    ``c_at`` is the UNSUBSCRIBE's time; null for a SUBSCRIBE, which ends an
+    interval without unsubscribing anyone.
+    """
+    return f"""SELECT account AS c_account, pattern AS c_pattern, type = 'unsubscribe' AS c_unsub, seq AS c_seq,
+       CASE WHEN type = 'unsubscribe' THEN {_micros_to_ts("accepted_at")} END AS c_at
+FROM {events} WHERE type IN ('subscribe', 'unsubscribe')"""
+
+
+def _ended_sql(current: str, events: str) -> str:
+    """SQL: each open with its end, the first later close of the same account that ends it.
+
+    An UNSUBSCRIBE ends the patterns it covers (:func:`_covers`); a SUBSCRIBE
+    only its own pattern.  ``_redefines``: the open is a SUBSCRIBE that ended
+    the previous interval of its (account, pattern), i.e. a re-subscribe while
+    subscribed.
+    """
+    return f"""SELECT *, coalesce(lag(to_seq) OVER (PARTITION BY account, pattern ORDER BY from_seq ASC NULLS FIRST)
+                   = from_seq, FALSE) AS _redefines
+FROM (
+  SELECT o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq, o.since, o.until,
+         min(c.c_seq) AS to_seq, min_by(c.c_at, c.c_seq) AS unsubscribed_at
+  FROM ({_opens_sql(current, events)}) o
+  LEFT JOIN ({_closes_sql(events)}) c
+  ON o.account = c.c_account AND (c.c_pattern = o.pattern OR (c.c_unsub AND {_covers("c.c_pattern", "o.pattern")}))
+     AND (o.from_seq IS NULL OR c.c_seq > o.from_seq)
+  GROUP BY o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq, o.since, o.until)"""
+
+
 def subscription_intervals_sql(current: str, events: str) -> str:
-    """SQL of :func:`subscription_intervals` over the relations ``current`` and ``events``."""
-    return f"""SELECT account, pattern, guid, subscribed_at, from_seq, to_seq, unsubscribed_at FROM (
-  SELECT *, row_number() OVER (PARTITION BY account, pattern, to_seq ORDER BY from_seq ASC NULLS FIRST) AS _n
-  FROM (
-    SELECT o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq,
-           min(c.c_seq) AS to_seq, min_by(c.c_at, c.c_seq) AS unsubscribed_at
-    FROM (
-      SELECT account, pattern, guid, subscribed_at, CAST(NULL AS {_SEQ_DDL}) AS from_seq
-      FROM {current} WHERE active
-      UNION ALL
-      SELECT account, pattern, guid, {_micros_to_ts("accepted_at")} AS subscribed_at, seq AS from_seq
-      FROM {events} WHERE type = 'subscribe'
-    ) o
-    LEFT JOIN (
-      SELECT account AS c_account, pattern AS c_pattern, seq AS c_seq, {_micros_to_ts("accepted_at")} AS c_at
-      FROM {events} WHERE type = 'unsubscribe'
-    ) c
-    ON o.account = c.c_account AND {_covers("c.c_pattern", "o.pattern")}
-       AND (o.from_seq IS NULL OR c.c_seq > o.from_seq)
-    GROUP BY o.account, o.pattern, o.guid, o.subscribed_at, o.from_seq))
-WHERE _n = 1"""
+    """SQL of :func:`subscription_intervals` over the relations ``current`` and ``events``.
+
+    ``_start`` is the open that began the subscription: the last one up to this
+    open that is not a re-subscribe, whose guid and time every re-subscribe keeps.
+    """
+    started = ("last_value(CASE WHEN NOT _redefines THEN named_struct('guid', guid, 'at', subscribed_at) END, TRUE) "
+               "OVER (PARTITION BY account, pattern ORDER BY from_seq ASC NULLS FIRST)")
+    return f"""SELECT account, pattern, _start.guid AS guid, _start.at AS subscribed_at, from_seq, to_seq, unsubscribed_at,
+       since, until
+FROM (SELECT *, {started} AS _start FROM ({_ended_sql(current, events)}))"""
 
 
 def subscription_intervals(current: DataFrame, events: DataFrame) -> DataFrame:
     """Current subscriptions + this batch's (un)subscribes → :data:`INTERVALS`.
 
     ``current`` has the ``SUBSCRIPTIONS_TABLE`` columns; only ``active`` rows
-    count, and they open at ``from_seq = null`` (before this batch).  Each
-    SUBSCRIBE opens an interval at its ``seq``.  An interval ends at the first
-    later UNSUBSCRIBE of the same account whose pattern covers it (see
-    :func:`_covers`); ``to_seq`` stays null when none does.  A SUBSCRIBE while
-    already subscribed to the same pattern does not open a second interval (the
-    earlier one, with its guid and ``subscribed_at``, is kept); a SUBSCRIBE
-    after an UNSUBSCRIBE opens a new one.  (Opens that end at the same place are
-    one interval: the earliest is kept.)
+    count, and they open at ``from_seq = null`` (before this batch) with their
+    stored SINCE/UNTIL.  Each SUBSCRIBE opens an interval at its ``seq`` with
+    its own SINCE/UNTIL.  An interval ends at the first later UNSUBSCRIBE of the
+    same account whose pattern covers it (see :func:`_covers`, which sets
+    ``unsubscribed_at``) or the next SUBSCRIBE of the same pattern; ``to_seq``
+    stays null when none does.
+
+    A SUBSCRIBE while already subscribed to the same pattern redefines SINCE and
+    UNTIL (spec 4.1.9.1) for publishes after it, so it ends the previous
+    interval and opens its own; it is the same subscription, though, so it
+    keeps the guid and ``subscribed_at`` of the SUBSCRIBE that started it.  A
+    SUBSCRIBE after an UNSUBSCRIBE starts a new subscription.
     """
     return run_sql(subscription_intervals_sql("{current}", "{events}"),
                    {"current": current, "events": events})
@@ -254,21 +292,42 @@ def candidate_patterns(topic: str) -> Column:
     return F.expr(candidate_patterns_sql(topic))
 
 
+def account_topic_owner_sql(topic: str) -> str:
+    """SQL: the account owning ``topic`` (SQL expression) when it is ``/accounts/<name>``, else ``''``.
+
+    The owner is ``<name>`` in lower case, the account name deliveries are keyed
+    by (``schemas.topics.account_topic``); descendants of an account topic are
+    nobody's.
+    """
+    return f"regexp_extract(lower({topic}), '^/accounts/([^/]+)$', 1)"
+
+
 def route_sql(events: str, intervals: str) -> str:
-    """SQL of :func:`route` over the relations ``events`` and ``intervals``."""
+    """SQL of :func:`route` over the relations ``events`` and ``intervals``.
+
+    Account-topic owners come out of the same join: each publish's row for its
+    own topic (one per publish among its candidate patterns) also names the
+    owner, and the join is LEFT so that row survives with no subscriber.  A
+    second pass over the publishes instead cost ~20 % of a micro-batch.
+    """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
-    SELECT s.account, p.smuid, p.topic, p.cmuid, p.publisher, p.publisher_guid, p.accepted_at,
-           p.priority, p.headers, p.sections, p.seq
+    SELECT _to AS account, smuid, topic, cmuid, publisher, publisher_guid, accepted_at, priority, headers, sections,
+           seq
     FROM (
-      SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority,
-             headers, sections, seq, explode({candidate_patterns_sql("topic")}) AS _pattern
-      FROM {publishes}
-    ) p
-    JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq FROM {intervals}) s
-    ON p._pattern = s._pattern
-    WHERE (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)))
+      SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
+      FROM (
+        SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
+               sections, seq, {_micros_to_ts("accepted_at")} AS _at, {account_topic_owner_sql("topic")} AS _owner,
+               explode({candidate_patterns_sql("topic")}) AS _pattern
+        FROM {publishes}
+      ) p
+      LEFT JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq, since, until FROM {intervals}) s
+      ON p._pattern = s._pattern
+         AND (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)
+         AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until))
+    WHERE _to <> ''))
 WHERE _d = 1"""
 
 
@@ -277,9 +336,13 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
 
     A publish reaches an interval whose pattern matches its topic (see
     :func:`candidate_patterns`) when ``from_seq < seq < to_seq`` (null bounds
-    open).  A publish repeated within the batch (same ``smuid``) counts once, at
-    its first position.  One row per (subscriber account, smuid), however many
-    of that account's patterns matched.
+    open) and ``since <= accepted_at < until`` (null bounds open; the
+    gateway's acceptance time, spec 4.1.9.1 SINCE/UNTIL).  A publish to an
+    account topic also reaches its owner without any subscription (see
+    :func:`account_topic_owner_sql`): that is how PUB REPLY and receipts get
+    back to a publisher.  A publish repeated within the batch (same ``smuid``)
+    counts once, at its first position.  One row per (subscriber account,
+    smuid), however many ways reached that account.
     """
     return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
 
@@ -291,7 +354,7 @@ def subscription_state_sql(intervals: str, batch_id: int) -> str:
     """SQL of :func:`subscription_state` over the relation ``intervals``."""
     last = _first_per("account, pattern", "from_seq DESC NULLS LAST", intervals,
                       "from_seq IS NOT NULL OR to_seq IS NOT NULL")
-    return f"""SELECT account, pattern, guid, to_seq IS NULL AS active, subscribed_at, unsubscribed_at,
+    return f"""SELECT account, pattern, guid, to_seq IS NULL AS active, subscribed_at, unsubscribed_at, since, until,
        {sql_literal(batch_id)} AS batch_id
 FROM {last}"""
 
@@ -301,7 +364,8 @@ def subscription_state(intervals: DataFrame, batch_id: int) -> DataFrame:
 
     Only (account, pattern) pairs this batch touched appear (an interval with a
     non-null bound).  Each takes its last interval: ``active`` when it is still
-    open, with that interval's guid, ``subscribed_at`` and ``unsubscribed_at``.
+    open, with that interval's guid, ``subscribed_at``, ``unsubscribed_at`` and
+    SINCE/UNTIL, so the next batch (or a restart) routes with the latest bounds.
     """
     return run_sql(subscription_state_sql("{intervals}", batch_id), {"intervals": intervals})
 

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StructField, StructType
 
@@ -53,6 +53,14 @@ def _to_table(arrow: pa.Table, name: str) -> pa.Table:
     """Spark's Arrow output, cast to the table's declared Arrow schema."""
     schema = arrow_schema(TABLES[name])
     return arrow.select(schema.names).cast(schema)
+
+
+def _with_columns(arrow: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``arrow`` plus a null column for each column of ``schema`` it lacks (a table older than that column)."""
+    for field in schema:
+        if field.name not in arrow.column_names:
+            arrow = arrow.append_column(field, pa.nulls(arrow.num_rows, field.type))
+    return arrow
 
 
 #: Per commands partition: the next offset to consume and how many records this batch held.
@@ -165,10 +173,18 @@ class CommandSink:
         return version is not None and version >= batch_id
 
     def _table(self, name: str) -> DeltaTable:
+        """Table ``name``, created when missing and given any column its schema gained since."""
         path = self.config.table_path(name)
         if not DeltaTable.is_deltatable(path):
             DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name)
-        return DeltaTable(path)
+        table = DeltaTable(path)
+        present = {f.name for f in table.schema().fields}
+        missing = [f for f in arrow_schema(TABLES[name]) if f.name not in present]
+        if missing:
+            # A data dir written before a column existed (e.g. subscriptions.since): the merges name every column.
+            table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+            table = DeltaTable(path)
+        return table
 
     def _uncommitted(self, name: str, batch_id: int) -> DeltaTable | None:
         """Table ``name`` opened once for this commit, or None when it already holds ``batch_id``."""
@@ -201,7 +217,7 @@ class CommandSink:
         schema = arrow_schema(SUBSCRIPTIONS_TABLE)
         if DeltaTable.is_deltatable(path):
             arrow = DeltaTable(path).to_pyarrow_table(filters=[("active", "=", True)])
-            arrow = arrow.select(schema.names).cast(schema)
+            arrow = _with_columns(arrow, schema).select(schema.names).cast(schema)
         else:
             arrow = schema.empty_table()
         return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)

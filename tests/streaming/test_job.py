@@ -6,14 +6,15 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from deploy.broker import create_topics
 from schemas import events as ev
 from schemas.config import load_config
-from schemas.spark import KAFKA_RECORD
+from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming.job import build_query, main
 from streaming.sink import CommandSink
 
@@ -171,6 +172,28 @@ def test_batch_failing_midway_is_completed_by_its_replay(spark, config, sink, mo
     assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
         ("bob", 1, "pending"), ("bob", 2, "acked"), ("bob", 3, "pending")]
     assert [(s["account"], s["active"]) for s in table(config, "subscriptions")] == [("bob", True)]
+
+
+def test_subscription_bounds_survive_batches_in_a_table_written_before_they_existed(spark, config, sink):
+    """SINCE/UNTIL are stored with the subscription; a data dir from before those columns keeps working."""
+    legacy = arrow_schema(SUBSCRIPTIONS_TABLE)
+    legacy = pa.schema([f for f in legacy if f.name not in ("since", "until")])
+    day_before = datetime.fromtimestamp(T0 / 1e6 - 86400, timezone.utc)
+    write_deltalake(config.table_path("subscriptions"),
+                    pa.Table.from_pylist([{"account": "bob", "pattern": "/t/*", "guid": "g0", "active": True,
+                                           "subscribed_at": day_before, "batch_id": 0}], schema=legacy))
+
+    sink(batch_frame(spark, [ev.Subscribe("carol", "gc", "/t/*", T0, since=T0 + 5, until=T0 + 8)]), 0)
+    sink(batch_frame(spark, publishes(range(1, 11), "/t/x"), 1), 1)
+
+    assert sorted((d["account"], d["smuid"]) for d in table(config, "deliveries")) == (
+        [("bob", s) for s in range(1, 11)] + [("carol", s) for s in (5, 6, 7)])
+    bounds = {s["account"]: (s["active"], s["since"], s["until"]) for s in table(config, "subscriptions")}
+    assert bounds == {
+        "bob": (True, None, None),
+        "carol": (True, datetime.fromtimestamp((T0 + 5) / 1e6, timezone.utc),
+                  datetime.fromtimestamp((T0 + 8) / 1e6, timezone.utc)),
+    }
 
 
 def test_main_help_explains_the_job(capsys):

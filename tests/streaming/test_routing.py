@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -39,10 +41,11 @@ def make_seq(offset: int):
 
 
 def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
-          cmuid=None, priority=None, headers=None, sections=None) -> tuple:
-    """One EVENTS row (field order of routing.EVENTS)."""
-    return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset), priority, headers, sections,
-            seq(offset), 0, offset)
+          cmuid=None, priority=None, headers=None, sections=None, since=None, until=None,
+          accepted=None) -> tuple:
+    """One EVENTS row (field order of routing.EVENTS); accepted at ``accepted`` (an offset), else ``offset``."""
+    return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset if accepted is None else accepted),
+            priority, headers, sections, since, until, seq(offset), 0, offset)
 
 
 def publish(offset, smuid, topic, account="pub", **kw):
@@ -51,8 +54,10 @@ def publish(offset, smuid, topic, account="pub", **kw):
                  sections=kw.pop("sections", []), **kw)
 
 
-def subscribe(offset, account, pattern, guid="g"):
-    return event("subscribe", offset, account=account, pattern=pattern, guid=guid)
+def subscribe(offset, account, pattern, guid="g", since=None, until=None):
+    """SUBSCRIBE; ``since`` / ``until`` are offsets like ``offset`` (None: no bound)."""
+    return event("subscribe", offset, account=account, pattern=pattern, guid=guid,
+                 since=None if since is None else at(since), until=None if until is None else at(until))
 
 
 def unsubscribe(offset, account, pattern, guid="g"):
@@ -63,12 +68,20 @@ def ack(offset, account, smuid, guid="g"):
     return event("ack", offset, account=account, smuid=smuid, guid=guid)
 
 
-def sub_row(account, pattern, guid="g0", active=True, batch_id=0):
-    return (account, pattern, guid, active, T0 - timedelta(days=1), None, batch_id)
+def sub_row(account, pattern, guid="g0", active=True, batch_id=0, since=None, until=None):
+    """A stored subscription (``since`` / ``until`` are offsets, None: no bound)."""
+    return stored_sub(account, pattern, guid, active, T0 - timedelta(days=1), None, batch_id,
+                 since=None if since is None else ts(since), until=None if until is None else ts(until))
 
 
-def delivery(account, smuid, topic, offset, publisher="pub", priority=0):
-    return (account, smuid, topic, f"c{smuid}", publisher, "g", at(offset), priority, [], [], seq(offset))
+def stored_sub(account, pattern, guid, active, subscribed_at, unsubscribed_at, batch_id, since=None, until=None):
+    """One SUBSCRIPTIONS_TABLE row."""
+    return (account, pattern, guid, active, subscribed_at, unsubscribed_at, since, until, batch_id)
+
+
+def delivery(account, smuid, topic, offset, publisher="pub", priority=0, accepted=None):
+    return (account, smuid, topic, f"c{smuid}", publisher, "g", at(offset if accepted is None else accepted),
+            priority, [], [], seq(offset))
 
 
 @pytest.fixture
@@ -120,12 +133,55 @@ def test_parse_commands_reads_every_command_type_and_drops_bad_records(spark, fr
     actual = routing.parse_commands(frames.of(KAFKA_RECORD, *raw))
     expected = frames.events(
         ("publish", 7, "/stocks/quotes/ibm", "c1", "alice", "ga", None, at(0), 3, [["Subject", "IBM"]],
-         [([["Content-Type", "text/plain"]], "AGhlbGxv")], seq(0), 0, 0),
-        ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, seq(1), 0, 1),
-        ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, seq(2), 0, 2),
-        ("ack", 7, None, None, "bob", "gb", None, at(3), None, None, None, seq(3), 0, 3),
+         [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, seq(0), 0, 0),
+        ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, None, None,
+         seq(1), 0, 1),
+        ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, None, None,
+         seq(2), 0, 2),
+        ("ack", 7, None, None, "bob", "gb", None, at(3), None, None, None, None, None, seq(3), 0, 3),
     )
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+#: Values for control events' fields that make them look like what the job does route.
+_LOOKALIKE = {"account": "bob", "pattern": "/t/*", "topic": "/t/x", "new_topic": "/t/y", "kind": "topic",
+              "keywords": ["k"], "timeout": "60", "attribute": "email", "value": "b@example.com"}
+
+
+def control_event(cls, offset: int):
+    """An instance of the control event type ``cls``, every required field filled in."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in _LOOKALIKE:
+            values[f.name] = _LOOKALIKE[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[f.name] = at(offset) if f.type == "int" else f"r{offset}"
+    return cls(**values)
+
+
+def test_control_events_the_job_does_not_route_change_nothing(frames):
+    """The registry's events (topic admin, watches, sync, …) share the commands topic: a batch
+    holding them parses, and so routes, exactly as the same batch without them."""
+    publish_json = json.loads(ev.Publish(1, "/t/x", "c1", "alice", "ga", at(2)).to_bytes())
+    publish_json["receipt"] = "ALL"  # a field this job does not know yet is ignored too
+    commands = [ev.Subscribe("bob", "gb", "/t/*", at(0)).to_bytes(), json.dumps(publish_json).encode(),
+                ev.Ack("bob", "gb", 1, at(4)).to_bytes(),
+                ev.Publish(2, "/accounts/bob", "c2", "alice", "ga", at(6)).to_bytes(),
+                ev.Unsubscribe("bob", "gb", "/t/*", at(8)).to_bytes(),
+                ev.Publish(3, "/t/x", "c3", "alice", "ga", at(10)).to_bytes()]
+    controls = sorted(ev.CONTROL_TYPES - {ev.Subscribe, ev.Unsubscribe}, key=lambda cls: cls.TYPE)
+    assert {"create_topic", "watch", "sync"} <= {cls.TYPE for cls in controls}
+    base = [(None, value, "cmd", 0, 2 * i, ts(2 * i), 0) for i, value in enumerate(commands)]
+    mixed = base + [(None, control_event(cls, 2 * i + 1).to_bytes(), "cmd", 0, 2 * i + 1, ts(2 * i + 1), 0)
+                    for i, cls in enumerate(controls)]
+
+    without = routing.parse_commands(frames.of(KAFKA_RECORD, *base))
+    with_controls = routing.parse_commands(frames.of(KAFKA_RECORD, *mixed))
+    assert_df_equality(with_controls, without, ignore_row_order=True, ignore_nullable=True)
+    deliveries = routing.route(with_controls, routing.subscription_intervals(frames.subs(), with_controls))
+    expected = frames.deliveries(("bob", 1, "/t/x", "c1", "alice", "ga", at(2), 0, [], [], seq(2)),
+                                 ("bob", 2, "/accounts/bob", "c2", "alice", "ga", at(6), 0, [], [], seq(6)))
+    assert_df_equality(deliveries, expected, ignore_row_order=True, ignore_nullable=True)
 
 
 # -- matching
@@ -192,19 +248,20 @@ def test_unsubscribe_before_publish_in_same_batch(frames):
 def test_resubscribe_after_unsubscribe_opens_a_new_interval(frames):
     evts = frames.events(
         unsubscribe(1, "bob", "/n/*"), publish(2, 1, "/n/x"), subscribe(3, "bob", "/n/*", guid="g2"),
-        publish(4, 2, "/n/x"), subscribe(5, "bob", "/n/*", guid="g3"),  # already subscribed: no-op
+        publish(4, 2, "/n/x"), subscribe(5, "bob", "/n/*", guid="g3"),  # already subscribed: same subscription
     )
     intervals = routing.subscription_intervals(frames.subs(sub_row("bob", "/n/*")), evts)
     expected = frames.of(
         INTERVALS,
-        ("bob", "/n/*", "g0", T0 - timedelta(days=1), None, seq(1), ts(1)),
-        ("bob", "/n/*", "g2", ts(3), seq(3), None, None),
+        ("bob", "/n/*", "g0", T0 - timedelta(days=1), None, seq(1), ts(1), None, None),
+        ("bob", "/n/*", "g2", ts(3), seq(3), seq(5), None, None, None),
+        ("bob", "/n/*", "g2", ts(3), seq(5), None, None, None, None),  # re-subscribe: same subscription
     )
     assert_df_equality(intervals, expected, ignore_row_order=True, ignore_nullable=True)
     assert_df_equality(routing.route(evts, intervals), frames.deliveries(delivery("bob", 2, "/n/x", 4)),
                        ignore_row_order=True, ignore_nullable=True)
     state = routing.subscription_state(intervals, batch_id=9)
-    assert_df_equality(state, frames.of(SUBSCRIPTIONS_TABLE, ("bob", "/n/*", "g2", True, ts(3), None, 9)),
+    assert_df_equality(state, frames.of(SUBSCRIPTIONS_TABLE, stored_sub("bob", "/n/*", "g2", True, ts(3), None, 9)),
                        ignore_row_order=True, ignore_nullable=True)
 
 
@@ -238,9 +295,9 @@ def test_unsubscribe_wildcard_ends_narrower_subscriptions(frames):
     assert_df_equality(
         routing.subscription_state(intervals, batch_id=4),
         frames.of(SUBSCRIPTIONS_TABLE,
-                  ("bob", "/a/x", "g0", False, ended, ts(1), 4),
-                  ("bob", "/a/x/*", "g0", False, ended, ts(1), 4),
-                  ("bob", "/a/*", "g0", False, ended, ts(1), 4)),
+                  stored_sub("bob", "/a/x", "g0", False, ended, ts(1), 4),
+                  stored_sub("bob", "/a/x/*", "g0", False, ended, ts(1), 4),
+                  stored_sub("bob", "/a/*", "g0", False, ended, ts(1), 4)),
         ignore_row_order=True, ignore_nullable=True,
     )
 
@@ -257,9 +314,109 @@ def test_subscription_state_of_new_subscription(frames):
                          unsubscribe(3, "eve", "/y"))
     state = routing.subscription_state(routing.subscription_intervals(frames.subs(), evts), batch_id=1)
     assert_df_equality(state, frames.of(SUBSCRIPTIONS_TABLE,
-                                        ("bob", "/x", "gb", True, ts(1), None, 1),
-                                        ("eve", "/y", "g", False, ts(2), ts(3), 1)),
+                                        stored_sub("bob", "/x", "gb", True, ts(1), None, 1),
+                                        stored_sub("eve", "/y", "g", False, ts(2), ts(3), 1)),
                        ignore_row_order=True, ignore_nullable=True)
+
+
+# -- SINCE / UNTIL (spec 4.1.9.1)
+
+
+def test_since_delivers_only_messages_accepted_at_or_after_it(frames):
+    actual = routed(
+        frames,
+        [sub_row("bob", "/t", since=5)],
+        subscribe(1, "carol", "/t", since=7),  # SINCE in the future: wait until then
+        publish(3, 1, "/t"), publish(5, 2, "/t"), publish(7, 3, "/t"), publish(9, 4, "/t"),
+    )
+    expected = frames.deliveries(
+        delivery("bob", 2, "/t", 5), delivery("bob", 3, "/t", 7), delivery("bob", 4, "/t", 9),
+        delivery("carol", 3, "/t", 7), delivery("carol", 4, "/t", 9),
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_until_delivers_only_messages_accepted_before_it(frames):
+    actual = routed(
+        frames,
+        [sub_row("bob", "/t/*", until=5)],
+        subscribe(1, "carol", "/t/x", since=2, until=7),
+        publish(3, 1, "/t/x"), publish(5, 2, "/t/x"), publish(7, 3, "/t/x"),
+        publish(9, 4, "/t/x", accepted=4),  # logged late, but accepted before bob's UNTIL
+    )
+    expected = frames.deliveries(
+        delivery("bob", 1, "/t/x", 3), delivery("bob", 4, "/t/x", 9, accepted=4),
+        delivery("carol", 1, "/t/x", 3), delivery("carol", 2, "/t/x", 5), delivery("carol", 4, "/t/x", 9, accepted=4),
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_resubscribe_redefines_since_and_until_for_later_messages(frames):
+    current = frames.subs(sub_row("bob", "/t", until=4), sub_row("alice", "/t", until=4))
+    evts = frames.events(
+        publish(1, 1, "/t"),
+        publish(5, 2, "/t"),  # after UNTIL
+        subscribe(6, "bob", "/t", guid="g6"),  # UNTIL un-defined
+        publish(7, 3, "/t"),
+        subscribe(8, "bob", "/t", guid="g8", since=10),  # SINCE defined
+        publish(9, 4, "/t"),  # before SINCE
+        publish(10, 5, "/t"),
+    )
+    intervals = routing.subscription_intervals(current, evts)
+    day_before = T0 - timedelta(days=1)
+    assert_df_equality(
+        intervals,
+        frames.of(INTERVALS,
+                  ("alice", "/t", "g0", day_before, None, None, None, None, ts(4)),
+                  ("bob", "/t", "g0", day_before, None, seq(6), None, None, ts(4)),
+                  ("bob", "/t", "g0", day_before, seq(6), seq(8), None, None, None),
+                  ("bob", "/t", "g0", day_before, seq(8), None, None, ts(10), None)),
+        ignore_row_order=True, ignore_nullable=True,
+    )
+    assert_df_equality(
+        routing.route(evts, intervals),
+        frames.deliveries(delivery("alice", 1, "/t", 1), delivery("bob", 1, "/t", 1),
+                          delivery("bob", 3, "/t", 7), delivery("bob", 5, "/t", 10)),
+        ignore_row_order=True, ignore_nullable=True,
+    )
+    stored = routing.subscription_state(intervals, batch_id=2)
+    assert_df_equality(stored, frames.of(SUBSCRIPTIONS_TABLE,
+                                         stored_sub("bob", "/t", "g0", True, day_before, None, 2, since=ts(10))),
+                       ignore_row_order=True, ignore_nullable=True)
+
+    # the next batch reads the stored row back: the redefined SINCE still holds
+    later = frames.events(publish(20, 6, "/t", accepted=9), publish(21, 7, "/t"))
+    assert_df_equality(routing.route(later, routing.subscription_intervals(stored, later)),
+                       frames.deliveries(delivery("bob", 7, "/t", 21)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+# -- account topics
+
+
+def test_account_topic_reaches_its_owner_without_a_subscription(frames):
+    actual = routed(
+        frames,
+        [sub_row("dave", "/accounts/bob")],  # others get it only by subscribing
+        publish(1, 1, "/accounts/bob", account="alice"),
+        publish(2, 2, "/accounts/carol"),
+        publish(3, 3, "/accounts/bob/x"),  # not an account topic: nobody owns it
+    )
+    expected = frames.deliveries(
+        delivery("bob", 1, "/accounts/bob", 1, publisher="alice"),
+        delivery("dave", 1, "/accounts/bob", 1, publisher="alice"),
+        delivery("carol", 2, "/accounts/carol", 2),
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_account_topic_owner_who_also_subscribed_gets_it_once(frames):
+    actual = routed(frames, [sub_row("bob", "/accounts/bob")],
+                    subscribe(1, "bob", "/accounts/bob", guid="g1"), publish(2, 1, "/accounts/bob"),
+                    subscribe(3, "carol", "/accounts/carol", since=9), publish(4, 2, "/accounts/carol"))
+    expected = frames.deliveries(delivery("bob", 1, "/accounts/bob", 2),
+                                 delivery("carol", 2, "/accounts/carol", 4))  # SINCE bounds subscriptions only
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
 
 
 # -- acks and Delta rows
