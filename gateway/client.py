@@ -130,7 +130,9 @@ class Notification(_MessageFields):
 
     @property
     def needs_ack(self) -> bool:
-        return self.resource == "MESSAGE" and not self._acked
+        """A NOTIFY MESSAGE awaiting its two-phase ACK (not one of a ``Guarantee: NO`` message)."""
+        guarantee = (self.header("Guarantee") or self.header("Guar") or "YES").upper()
+        return self.resource == "MESSAGE" and guarantee != "NO" and not self._acked
 
     async def ack(self) -> None:
         """The client half of the two-phase commit, on the connection the NOTIFY came on;
@@ -540,6 +542,20 @@ class SMQPClient:
                       headers: Iterable[tuple[str, str]] = (), cmuid: str | None = None) -> int:
         """PUB MESSAGE with one data section; returns the server's SMUID once durable."""
         return await self._publish("MESSAGE", topic, data, content_type, list(headers), cmuid)
+
+    async def publish_unguaranteed(self, topic: str, data: bytes | str, *, content_type: str = "text/plain",
+                                   headers: Iterable[tuple[str, str]] = (), cmuid: str | None = None) -> None:
+        """PUB MESSAGE with ``Guarantee: NO`` (2002 revision): written and forgotten — the server
+        sends no reply, not even an error, and the message may be dropped under pressure."""
+        body = data.encode() if isinstance(data, str) else data
+        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
+        headers = [("Guarantee", "NO"), *((n, v) for n, v in headers if n.lower() not in ("guarantee", "guar"))]
+        frame = cp.render_publish(topic, cmuid or f"C{next(self._cmuids)}", headers, [section], "MESSAGE")
+        async with self._main.lock:
+            if self._main.closed.is_set():
+                raise self._main.error or ConnectionError("connection closed")
+            self._main.writer.write(frame)
+            await self._main.writer.drain()
 
     async def publish_reply(self, topic: str, cmuid_replied_to: str, data: bytes | str, *,
                             content_type: str = "text/plain", headers: Iterable[tuple[str, str]] = (),

@@ -7,7 +7,9 @@ out the actions it returns, **in order**:
 * :class:`Send` — write the bytes now;
 * :class:`Durable` — append ``event.to_bytes()`` to Kafka (acks=all) under
   ``key``, and only then write ``reply``; on failure write a 503 instead.
-  Later actions wait for it, so replies keep the order of the commands;
+  Later actions wait for it, so replies keep the order of the commands.  An
+  empty ``reply`` (a non-guaranteed PUB) is sent without waiting and
+  without any answer, and may be dropped;
 * :class:`Control` — append a control event to commands partition 0 and
   write the outcome the registry's fold recorded for it;
 * :class:`Consult` — answer from the registry once this session's earlier
@@ -552,10 +554,16 @@ def _parses(parse: Callable[[str], object]) -> Callable[[str], bool]:
     return check
 
 
+def _is_boolean(value: str) -> bool:
+    return value.upper() in ("YES", "NO")
+
+
 #: Message header attributes whose values the gateway validates.
 _HEADER_CHECKS = MappingProxyType({
     "priority": _is_count,
     "pri": _is_count,
+    "guarantee": _is_boolean,
+    "guar": _is_boolean,
     "timeout": _parses(parse_timeout),
     "created": _parses(parse_date_time),
 })
@@ -568,6 +576,12 @@ def check_message_headers(headers: Headers) -> Reply | None:
         if check is not None and not check(value):
             return Reply.error(BAD_REQUEST, f"bad {name} value")
     return None
+
+
+def guaranteed(headers: Headers) -> bool:
+    """``Guarantee``/``Guar`` (2002 revision): YES unless it says NO.  A non-guaranteed
+    message gets no reply to its PUB and no two-phase ACK of its NOTIFY."""
+    return all(v.upper() != "NO" for n, v in headers if n.lower() in ("guarantee", "guar"))
 
 
 def message_priority(headers: Headers) -> int:
@@ -802,7 +816,8 @@ class Session:
             raise SessionMisuse(f"NOTIFY while SMUID {self._awaiting_ack} still awaits its 310 ACK")
         if deliver.account.lower() != self._account.lower():
             raise SessionMisuse(f"delivery for {deliver.account!r} on {self._account!r}'s session")
-        self._awaiting_ack = deliver.smuid
+        if guaranteed(deliver.headers):
+            self._awaiting_ack = deliver.smuid
         return render_notify(deliver, self._config.server_host)
 
     def notify_abandoned(self) -> None:
@@ -1251,17 +1266,21 @@ class Session:
         """The body has ended: the first error, or the durable Publish and its reply."""
         framer = publish.framer
         error = publish.error or framer.error or check_message_headers(framer.headers)
+        silent = not guaranteed(framer.headers)  # no acknowledgement of any kind, errors included
         if error is not None:
-            return self._error(error)
+            return [] if silent else self._error(error)
         if publish.reply:
             return self._finish_reply(publish)
         topic = publish.topic
         if topic.startswith("/accounts/"):
-            return self._reply(Reply.error(NOT_ALLOWED, "account topics take replies (PUB REPLY), not messages"))
+            return [] if silent else self._reply(
+                Reply.error(NOT_ALLOWED, "account topics take replies (PUB REPLY), not messages"))
 
         def decide() -> list[Action] | None:
             target = self._registry.resolve(topic)
             return None if target is None else self._durable_publish(publish, target, framer.headers)
+        if silent:
+            return [Consult(lambda final: decide() or [])]
         return self._consult(decide, topic)
 
     def _finish_reply(self, publish: _OpenPublish) -> list[Action]:
@@ -1282,8 +1301,8 @@ class Session:
             account=self._account, guid=self._guid, accepted_at=self._now(),
             priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
         )
-        reply = Reply.ok(f"{publish.cmuid} {event.smuid}")
-        return [Durable(event, topic.encode("utf-8"), reply.to_bytes())]
+        reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
+        return [Durable(event, topic.encode("utf-8"), reply)]
 
     # SUBSCRIBE, UNSUBSCRIBE
 

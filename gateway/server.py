@@ -60,6 +60,7 @@ from schemas.events import Ack, Deliver, Sync
 log = logging.getLogger("smqp.gateway")
 
 READ_SIZE = 65536
+MAX_UNGUARANTEED = 10_000  # non-guaranteed PUBs awaiting Kafka per gateway; beyond, they are dropped
 MAX_PIPELINED = 1000  # durable appends one connection may have outstanding before we stop reading it
 
 
@@ -135,6 +136,8 @@ class Connection:
             action = self.actions.popleft()
             if isinstance(action, Send):
                 self.outbox.put_nowait(action.data)
+            elif isinstance(action, Durable) and not action.reply:
+                self.gateway.fire_and_forget(action)
             elif isinstance(action, Durable):
                 self.outbox.put_nowait(self._make_durable(action))
             elif isinstance(action, Control):
@@ -298,11 +301,15 @@ class Connection:
         """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK and its topic is not suspended."""
         if self.closing or self.in_flight is not None or self.acking:
             return
-        deliver = self.queue.pop(skip=lambda d: self.session.suspended(d.topic))
-        if deliver is not None:
+        while (deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
+            frame = self.session.notify(deliver)
+            if self.session.awaiting_ack is None:  # not guaranteed: no two-phase ACK, on to the next
+                self.notify(frame)
+                continue
             self.in_flight = deliver
             self.notified_at = time.monotonic()
-            self.notify(self.session.notify(deliver))
+            self.notify(frame)
+            return
 
     def channel_lost(self, channel: NotifyChannel) -> None:
         """The notification port closed: its NOTIFY in flight goes back to the queue, notifications
@@ -394,6 +401,23 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        self.unguaranteed_outstanding = 0
+        self.unguaranteed_dropped = 0
+
+    def fire_and_forget(self, action: Durable) -> None:
+        """A non-guaranteed PUB: appended without a reply; dropped (and logged) when the
+        producer cannot take it or too many are outstanding, never holding up guaranteed traffic."""
+        if self.unguaranteed_outstanding >= MAX_UNGUARANTEED:
+            self.unguaranteed_dropped += 1
+            return
+        self.unguaranteed_outstanding += 1
+        future = self.log.append(action.key, action.event.to_bytes())
+
+        def settled(done: asyncio.Future) -> None:
+            self.unguaranteed_outstanding -= 1
+            if done.exception() is not None:
+                self.unguaranteed_dropped += 1
+        future.add_done_callback(settled)
 
     def _is_account(self, name: str) -> bool:
         return self.accounts.exists(name)

@@ -93,7 +93,7 @@ DELIVERIES_TABLE = _struct(
     ("smuid", LongType()),
     ("topic", StringType()),
     ("priority", IntegerType()),
-    ("status", StringType()),  # "pending" | "acked"
+    ("status", StringType()),  # "pending" | "acked" | "sent" (not guaranteed: never acknowledged)
     ("routed_at", TimestampType()),
     ("routed_batch_id", LongType()),
     ("acked_at", TimestampType()),

@@ -394,10 +394,34 @@ def message_rows(events: DataFrame, batch_id: int) -> DataFrame:
     return run_sql(message_rows_sql("{events}", batch_id), {"events": events})
 
 
+def unguaranteed_sql(headers: str) -> str:
+    """SQL: true when the message attributes ``headers`` say ``Guarantee: NO`` (or ``Guar: NO``).
+
+    Such a message (2002 revision) is never acknowledged by its subscribers:
+    its delivery is settled as soon as it is sent.
+    """
+    return (f"exists(coalesce({headers}, CAST(array() AS {HEADERS.simpleString()})), "
+            f"_h -> lower(_h[0]) IN ('guarantee', 'guar') AND upper(trim(_h[1])) = 'NO')")
+
+
+def settled_sql(acks: str, deliveries: str) -> str:
+    """SQL: what the gateways may forget, as (account, smuid, seq): every ACK, and every
+    delivery of a non-guaranteed message (no ACK will ever come for it)."""
+    return f"""SELECT account, smuid, seq FROM {acks}
+UNION ALL
+SELECT account, smuid, seq FROM {deliveries} WHERE {unguaranteed_sql("headers")}"""
+
+
+def settled(acks: DataFrame, deliveries: DataFrame) -> DataFrame:
+    """ACKs + non-guaranteed deliveries → (account, smuid, seq) the gateways may forget (:func:`settled_sql`)."""
+    return run_sql(settled_sql("{acks}", "{deliveries}"), {"acks": acks, "deliveries": deliveries})
+
+
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries`` and ``acks``."""
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
-       CASE WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked' ELSE 'pending' END AS status,
+       CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
+            WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked' ELSE 'pending' END AS status,
        {sql_literal(routed_at)} AS routed_at, {sql_literal(batch_id)} AS routed_batch_id,
        a.acked_at, a.acked_guid, TRUE AS is_new
 FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
@@ -413,7 +437,8 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int,
     """New deliveries and acks → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
-    ``is_new`` rows, already ``acked`` when this batch also holds their ACK;
+    ``is_new`` rows, already ``acked`` when this batch also holds their ACK,
+    ``sent`` for a non-guaranteed message (:func:`unguaranteed_sql`);
     ACKs for deliveries of earlier batches are ``is_new = false`` rows with
     status ``acked`` (they update a matching row and are never inserted).  One
     row per (account, smuid).

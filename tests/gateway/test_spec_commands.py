@@ -607,3 +607,25 @@ def test_a_removed_topic_stays_readable_until_its_last_pending_delivery():
         b"200-OK\r\n200 2 messages pending\r\n\r\n200-OK\r\n200 5\r\n\r\n"
     pending["/t"] = 0
     assert wire(run(session, [b"LIST MESSAGE /t\r\nGET MESSAGE /t 5\r\n"])) == b"404 Not found (/t)\r\n\r\n" * 2
+
+
+# -- GUARANTEE (2002 revision)
+
+
+def test_a_non_guaranteed_publish_gets_no_reply_at_all():
+    """``Guarantee: NO``: no acknowledgement publisher → server, not even an error."""
+    actions = feed_three_ways(b"PUB MESSAGE /t A1\r\nGuarantee: NO\r\n\r\n.\r\n"
+                              b"PUB MESSAGE /missing A2\r\nGuar: no\r\n\r\n.\r\n"
+                              b"PUB MESSAGE /t A3\r\nGuarantee: maybe\r\n\r\n.\r\nNOOP\r\n", session_with("/t"))
+    durable = actions[0]
+    assert durable.reply == b"" and durable.event.cmuid == "A1"
+    assert wire(actions) == b"400 Bad request (bad Guarantee value)\r\n\r\n" + OK
+
+
+def test_a_non_guaranteed_notify_awaits_no_ack():
+    session = session_with("/t")()
+    deliver = Deliver("jtegen", 7, "/t", "A1", "bob", "g", 0, headers=[("Guarantee", "NO")])
+    assert session.notify(deliver).startswith(b"NOTIFY MESSAGE /t\r\n")
+    assert session.awaiting_ack is None
+    session.notify(Deliver("jtegen", 8, "/t", "A2", "bob", "g", 0))
+    assert session.awaiting_ack == 8

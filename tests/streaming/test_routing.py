@@ -474,3 +474,18 @@ def test_acked_records(frames):
     rows = routing.acked_records(frames.of(ACKS, ("bob", 10, ts(1), "g1", seq(1)))).collect()
     assert [(r["key"], ev.decode(r["value"])) for r in rows] == [(b"bob", ev.Acked("bob", 10))]
     assert routing.acked_records(frames.of(ACKS)).schema == KAFKA_OUT
+
+
+def test_a_non_guaranteed_delivery_is_settled_when_sent(frames):
+    """GUARANTEE NO (2002 revision): no ACK will come, so the delivery is ``sent`` and the
+    gateways are told to forget it right away; guaranteed ones wait for their ACK."""
+    routed_at = T0 + timedelta(hours=1)
+    deliveries = frames.deliveries(
+        ("bob", 1, "/t", "c1", "alice", "ga", at(1), 0, [["Guar", "no"]], [], seq(1)),
+        ("bob", 2, "/t", "c2", "alice", "ga", at(2), 0, [["Guarantee", "YES"]], [], seq(2)),
+        ("bob", 3, "/t", "c3", "alice", "ga", at(3), 0, None, None, seq(3)),
+    )
+    acks = frames.of(ACKS, ("bob", 2, ts(4), "gb", seq(4)))
+    statuses = {r.smuid: r.status for r in routing.delivery_updates(deliveries, acks, 5, routed_at).collect()}
+    assert statuses == {1: "sent", 2: "acked", 3: "pending"}
+    assert sorted(r.smuid for r in routing.settled(acks, deliveries).collect()) == [1, 2]
