@@ -1296,13 +1296,22 @@ class Session:
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
+        now = self._now()
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
-            account=self._account, guid=self._guid, accepted_at=self._now(),
+            account=self._account, guid=self._guid, accepted_at=now,
             priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
+            expires_at=self._expiry(headers, now),
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
+
+    def _expiry(self, headers: Headers, now: int) -> int | None:
+        """The message's ``Timeout`` (already validated), else the server default, from ``now``."""
+        default = self._registry.server_timeout if self._registry else self._config.default_timeout
+        text = next((v for n, v in headers if n.lower() == "timeout"), default)
+        timeout = parse_timeout(text)
+        return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
 
     # SUBSCRIBE, UNSUBSCRIBE
 

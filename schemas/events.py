@@ -73,6 +73,9 @@ class Publish(_Event):
     priority: int = 0
     headers: Headers = field(default_factory=list)  # message header attributes in order
     sections: list[Section] = field(default_factory=list)
+    # when the message's timeout runs out (microseconds): its Timeout attribute, else the server
+    # default, counted from acceptance; None for a state message (Timeout: INFINITE)
+    expires_at: int | None = None
 
 
 @dataclass

@@ -629,3 +629,11 @@ def test_a_non_guaranteed_notify_awaits_no_ack():
     assert session.awaiting_ack is None
     session.notify(Deliver("jtegen", 8, "/t", "A2", "bob", "g", 0))
     assert session.awaiting_ack == 8
+
+
+def test_a_message_expires_after_its_timeout_else_the_server_default():
+    """2002 TIMEOUT: the message's own, else the server default; INFINITE is a state message."""
+    actions = feed_three_ways(b"PUB MESSAGE /t A1\r\nTimeout: 00:00:00:02\r\n\r\n.\r\nPUB MESSAGE /t A2\r\n\r\n.\r\n"
+                              b"PUB MESSAGE /t A3\r\nTimeout: INF\r\n\r\n.\r\n", session_with("/t"))
+    accepted = actions[0].event.accepted_at
+    assert [a.event.expires_at for a in actions] == [accepted + 2_000_000, accepted + 86_400_000_000, None]
