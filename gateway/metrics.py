@@ -24,8 +24,8 @@ dashboard aggregates the gateways' pages with it).
 * ``smqp_gateway_ack_latency_seconds`` — NOTIFY MESSAGE written → the client's
   ``310 ACK`` made durable in Kafka → server ``310 ACK`` (both phases).
 
-:class:`MeteredSession` counts command verbs where the sans-I/O session
-dispatches them, so the protocol module itself stays free of metrics.
+Command verbs are counted through the session's ``on_command`` hook, so the
+protocol module itself stays free of metrics.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gateway.protocol import _VERBS, Session
+from gateway.protocol import VERBS
 
 log = logging.getLogger("smqp.metrics")
 
@@ -264,7 +264,7 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
 # The gateway's instruments
 
 
-_VERB_LABELS = {verb.encode(): name for verb, name in _VERBS.items()}
+_VERB_LABELS = {verb.encode(): name for verb, name in VERBS.items()}
 _NOTIFY_KINDS = {b"MESSAGE": "NOTIFY MESSAGE", b"MESS": "NOTIFY MESSAGE", b"TOPIC": "NOTIFY TOPIC",
                  b"SUB": "NOTIFY SUBSCRIBERS", b"SUBSCRIBERS": "NOTIFY SUBSCRIBERS", b"SERVER": "NOTIFY SERVER"}
 
@@ -341,20 +341,6 @@ class GatewayMetrics:
 
     def render(self) -> str:
         return render(self.families())
-
-
-class MeteredSession(Session):
-    """The sans-I/O session, counting each command line it dispatches by verb."""
-
-    metrics: GatewayMetrics
-
-    def __init__(self, *args, metrics: GatewayMetrics, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.metrics = metrics
-
-    def _dispatch(self, line: bytes):
-        self.metrics.frame_in(line)
-        return super()._dispatch(line)
 
 
 # --------------------------------------------------------------------------

@@ -694,7 +694,7 @@ class _OpenPublish:
 
 
 #: Verb (and abbreviation) → handler suffix: ``smqp_<suffix>``.
-_VERBS = MappingProxyType({
+VERBS = MappingProxyType({
     "LOGIN": "LOGIN",
     "PASS": "PASS", "PASSWORD": "PASS",
     "COUNT": "COUNT",
@@ -735,7 +735,8 @@ class Session:
     def __init__(self, config: GatewayConfig, authenticate: Callable[[str, str], AuthResult], *,
                  clock: Callable[[], datetime], new_guid: Callable[[str], str],
                  new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
-                 hash_password: Callable[[str], str] = lambda password: password):
+                 hash_password: Callable[[str], str] = lambda password: password,
+                 on_command: Callable[[bytes], None] = lambda line: None):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -744,6 +745,7 @@ class Session:
         self._registry = registry
         self._new_request = new_request
         self._hash_password = hash_password
+        self._on_command = on_command  # sees every command line first (the gateway's counters)
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -757,7 +759,7 @@ class Session:
         self._suspended: set[str] = set()  # SET NOTIFY SUSPEND patterns; "*" is everything
         self._resumed: set[str] = set()  # RESUMEd patterns while "*" is suspended
         self.watches_server_timeout = False
-        self._handlers = MappingProxyType({verb: getattr(self, f"smqp_{name}") for verb, name in _VERBS.items()})
+        self._handlers = MappingProxyType({verb: getattr(self, f"smqp_{name}") for verb, name in VERBS.items()})
 
     # -- public API
 
@@ -872,6 +874,7 @@ class Session:
 
     def _dispatch(self, line: bytes) -> list[Action]:
         """One command line → its ``smqp_<VERB>`` handler."""
+        self._on_command(line)
         try:
             self._line = line.decode("utf-8")
         except UnicodeDecodeError:

@@ -36,7 +36,7 @@ from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
 from gateway.message_store import MessageStore
-from gateway.metrics import CONTENT_TYPE, GatewayMetrics, MeteredSession, Response, serve_http
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.protocol import (
     Close,
     ConnectNotify,
@@ -423,10 +423,10 @@ class Gateway:
         return self.accounts.exists(name)
 
     def new_session(self) -> Session:
-        return MeteredSession(self.config.gateway, self.accounts.authenticate, metrics=self.metrics,
-                              clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
-                              registry=self.registry, new_request=lambda: uuid.uuid4().hex,
-                              hash_password=hash_password)
+        return Session(self.config.gateway, self.accounts.authenticate,
+                       clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
+                       registry=self.registry, new_request=lambda: uuid.uuid4().hex,
+                       hash_password=hash_password, on_command=self.metrics.frame_in)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 
 from gateway import metrics
-from gateway.metrics import Counter, Gauge, GatewayMetrics, Histogram, MeteredSession, histogram_quantile, render
-from gateway.protocol import AuthResult
+from gateway.metrics import Counter, Gauge, GatewayMetrics, Histogram, histogram_quantile, render
+from gateway.protocol import AuthResult, Session
 from schemas.config import GatewayConfig
 from tests.dashboard import promtext
 
@@ -94,10 +94,10 @@ def test_our_parser_reads_back_what_we_render():
     assert ack.kind == "histogram" and ("smqp_gateway_ack_latency_seconds_count", {}, 1) in ack.samples
 
 
-def _session(counters: GatewayMetrics) -> MeteredSession:
-    return MeteredSession(GatewayConfig(), lambda user, password: AuthResult.OK, metrics=counters,
-                          clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc), new_guid=lambda user: f"{user}1",
-                          new_smuid=lambda: 1)
+def _session(counters: GatewayMetrics) -> Session:
+    return Session(GatewayConfig(), lambda user, password: AuthResult.OK, on_command=counters.frame_in,
+                   clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc), new_guid=lambda user: f"{user}1",
+                   new_smuid=lambda: 1)
 
 
 def test_every_verb_and_abbreviation_is_counted_under_its_canonical_name():
