@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from schemas.config import SMQPConfig, load_config
+from streaming.metrics import attach_metrics, flush_metrics
 from streaming.session import build_session
 from streaming.sink import CommandSink
 
@@ -21,12 +22,15 @@ log = logging.getLogger("streaming.job")
 
 
 def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str | None = None, *,
-                available_now: bool = False, sink: CommandSink | None = None) -> StreamingQuery:
+                available_now: bool = False, sink: CommandSink | None = None,
+                metrics: bool = True) -> StreamingQuery:
     """Start the routing query: ``smqp_kafka`` source → :class:`CommandSink` in foreachBatch.
 
     ``trigger_interval`` overrides ``config.streaming.trigger_interval``;
     ``available_now=True`` processes what the topic holds now and stops.
     Pass ``sink`` to keep a handle on it (its ``close()`` releases the producer).
+    ``metrics`` records every micro-batch's progress to the ``metrics`` Delta
+    table (:mod:`streaming.metrics`).
     """
     kafka, streaming = config.kafka, config.streaming
     records = (
@@ -42,6 +46,8 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
         .foreachBatch(sink or CommandSink(config))
         .option("checkpointLocation", config.checkpoint_dir)
     )
+    if metrics:
+        attach_metrics(spark, config)
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
@@ -58,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
             "every publish to the subscriptions open at that moment, writes one Deliver per "
             "subscriber to the deliveries topic, and commits messages, deliveries and "
             "subscriptions to Delta tables under <data_dir>/tables with exactly-once app "
-            "transactions. Offsets live in the checkpoint <data_dir>/checkpoints/<query_name>. "
-            "Stops cleanly on SIGINT / SIGTERM."
+            "transactions; each micro-batch's progress (rows, rates, phase durations, Kafka "
+            "lag) goes to the metrics table there. Offsets live in the checkpoint "
+            "<data_dir>/checkpoints/<query_name>. Stops cleanly on SIGINT / SIGTERM."
         ),
         epilog=(
             "Configuration: defaults, then the TOML file (--config or $SMQP_CONFIG), then "
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config)
     log.info("commands %s → deliveries %s on %s", config.kafka.commands_topic,
              config.kafka.deliveries_topic, config.kafka.bootstrap)
-    for table in ("messages", "deliveries", "subscriptions"):
+    for table in ("messages", "deliveries", "subscriptions", "metrics"):
         log.info("Delta table %s: %s", table, config.table_path(table))
     log.info("checkpoint: %s", config.checkpoint_dir)
 
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if query is not None and query.isActive:
             query.stop()
+        flush_metrics(spark)  # the last rows, before the listener bus stops with the session
         sink.close()
         spark.stop()
         for sig, handler in previous.items():
