@@ -131,23 +131,23 @@ def read_acks_since(config: KafkaConfig, offsets: dict[str, int], timeout: float
 _NOT_CONTROL = (b'{"type":"publish"', b'{"type":"ack"')
 
 
-class ControlTail:
-    """A thread folding commands partition 0 from its start into the gateway's registry.
+class _Tail:
+    """A thread reading some partitions from their start, handing each polled batch to the loop.
 
-    ``on_records`` runs in the event loop with ``[(offset, event | None), …]`` in
-    offset order (None for records the registry skips: publishes, acks,
-    undecodable ones), so the loop always knows how far the fold got.
-    ``ready`` is set once the partition's end at start-up has been folded.
+    ``on_batch`` runs in the event loop with what :meth:`_convert` made of each
+    record (None drops it), in offset order; ``ready`` is set once the backlog
+    present at start has been read.
     """
 
-    def __init__(self, config: KafkaConfig, loop: asyncio.AbstractEventLoop,
-                 on_records: Callable[[list], None]):
+    name = "tail"
+
+    def __init__(self, config: KafkaConfig, loop: asyncio.AbstractEventLoop, on_batch: Callable[[list], None]):
         self._config = config
         self._loop = loop
-        self._on_records = on_records
+        self._on_batch = on_batch
         self._stop = threading.Event()
         self.ready = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, name="control-tail", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -156,91 +156,70 @@ class ControlTail:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _run(self) -> None:
-        consumer = _new_consumer(self._config)
-        try:
-            _assign_all(consumer, self._config.commands_topic)
-            partition = TopicPartition(self._config.commands_topic, 0)
-            consumer.assign([partition])
-            consumer.seek_to_beginning(partition)
-            started = time.monotonic()
-            signalled = False
-            while not self._stop.is_set():
-                polled = consumer.poll(timeout_ms=100)
-                records = [(r.offset, self._decode(r.value)) for rs in polled.values() for r in rs]
-                if records:
-                    self._loop.call_soon_threadsafe(self._on_records, records)
-                if not signalled and (_caught_up(consumer, [partition])
-                                      or (not polled and time.monotonic() - started > 5)):
-                    signalled = True
-                    self._loop.call_soon_threadsafe(self.ready.set)
-        except Exception:  # the gateway cannot answer without its registry: make it loud
-            log.exception("control tail stopped")
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        finally:
-            consumer.close()
+    def _partitions(self, consumer: KafkaConsumer) -> list[TopicPartition]:
+        raise NotImplementedError
 
-    @staticmethod
-    def _decode(raw: bytes):
-        if raw.startswith(_NOT_CONTROL):
-            return None
-        try:
-            return decode(raw)
-        except (ValueError, TypeError, KeyError):
-            log.warning("skipping undecodable commands record %r", raw[:80])
-            return None
-
-
-class DeliveriesTail:
-    """A thread reading the whole deliveries topic and handing decoded events to the loop.
-
-    ``on_events`` runs in the event loop with each polled batch, in offset
-    order; ``ready`` is set once the backlog present at start has been read.
-    """
-
-    def __init__(self, config: KafkaConfig, loop: asyncio.AbstractEventLoop,
-                 on_events: Callable[[list], None]):
-        self._config = config
-        self._loop = loop
-        self._on_events = on_events
-        self._stop = threading.Event()
-        self.ready = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, name="deliveries-tail", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def _convert(self, record):
+        raise NotImplementedError
 
     def _run(self) -> None:
         consumer = _new_consumer(self._config)
         try:
-            partitions = _assign_all(consumer, self._config.deliveries_topic)
+            partitions = self._partitions(consumer)
+            consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)
             started = time.monotonic()
             signalled = False
             while not self._stop.is_set():
                 polled = consumer.poll(timeout_ms=100)
-                events = [self._decode(r.value) for rs in polled.values() for r in rs]
-                events = [e for e in events if e is not None]
-                if events:
-                    self._loop.call_soon_threadsafe(self._on_events, events)
+                items = [item for rs in polled.values() for r in rs if (item := self._convert(r)) is not None]
+                if items:
+                    self._loop.call_soon_threadsafe(self._on_batch, items)
                 if not signalled and (_caught_up(consumer, partitions)
                                       or (not polled and time.monotonic() - started > 5)):
                     signalled = True
                     self._loop.call_soon_threadsafe(self.ready.set)
-        except Exception:  # the gateway cannot deliver without its tail: make it loud
-            log.exception("deliveries tail stopped")
+        except Exception:  # the gateway cannot work without its tails: make it loud
+            log.exception("%s stopped", self.name)
             self._loop.call_soon_threadsafe(self._loop.stop)
         finally:
             consumer.close()
 
-    @staticmethod
-    def _decode(raw: bytes):
-        try:
-            return decode(raw)
-        except (ValueError, TypeError, KeyError):
-            log.warning("skipping undecodable deliveries record %r", raw[:80])
-            return None
+
+def _decoded(raw: bytes, what: str):
+    try:
+        return decode(raw)
+    except (ValueError, TypeError, KeyError):
+        log.warning("skipping undecodable %s record %r", what, raw[:80])
+        return None
+
+
+class ControlTail(_Tail):
+    """Folds commands partition 0 from its start into the gateway's registry.
+
+    Batches are ``[(offset, event | None), …]`` (None for records the registry
+    skips: publishes, acks, undecodable ones), so the loop always knows how far
+    the fold got, skipped records included.
+    """
+
+    name = "control-tail"
+
+    def _partitions(self, consumer: KafkaConsumer) -> list[TopicPartition]:
+        _assign_all(consumer, self._config.commands_topic)
+        return [TopicPartition(self._config.commands_topic, 0)]
+
+    def _convert(self, record):
+        skipped = record.value.startswith(_NOT_CONTROL)
+        return record.offset, None if skipped else _decoded(record.value, "commands")
+
+
+class DeliveriesTail(_Tail):
+    """Reads the whole deliveries topic; batches are the decoded events."""
+
+    name = "deliveries-tail"
+
+    def _partitions(self, consumer: KafkaConsumer) -> list[TopicPartition]:
+        return _assign_all(consumer, self._config.deliveries_topic)
+
+    def _convert(self, record):
+        return _decoded(record.value, "deliveries")
