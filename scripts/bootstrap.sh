@@ -6,10 +6,17 @@ extras="${1:-local}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+apt_install() {  # Debian packages the project needs beside Python
+  local sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+  $sudo_ apt-get update -qq && $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 if ! command -v java >/dev/null 2>&1; then
   echo "==> Java not found: installing OpenJDK 17 (Spark needs a JVM)"
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null; fi
+  apt_install openjdk-17-jre-headless
+fi
+if [ "$extras" = test ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "==> installing Chromium (the dashboard test renders the page headless)"
+  apt_install chromium
 fi
 
 python="${PYTHON:-python3}"
