@@ -317,6 +317,11 @@ class SMQPClient:
                 raise
         raise SMQPError(311, ["too many redirects", f"{host}:{port}"])
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """The server (host, port) this client is connected to (after any 311 redirects)."""
+        return tuple(self._main.writer.get_extra_info("peername")[:2])
+
     async def __aenter__(self) -> SMQPClient:
         return self
 

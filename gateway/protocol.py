@@ -62,7 +62,10 @@ from gateway.replies import (
     NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
+    REDIRECT,
     REQUEST_TIMEOUT,
+    RESOURCE_TOO_LARGE,
+    SERVICE_UNAVAILABLE,
     TOPIC_TOO_LONG,
     UNAUTHORIZED,
     Reply,
@@ -736,7 +739,8 @@ class Session:
                  clock: Callable[[], datetime], new_guid: Callable[[str], str],
                  new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
                  hash_password: Callable[[str], str] = lambda password: password,
-                 on_command: Callable[[bytes], None] = lambda line: None):
+                 on_command: Callable[[bytes], None] = lambda line: None,
+                 over_capacity: Callable[[], str | None] = lambda: None):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -746,6 +750,7 @@ class Session:
         self._new_request = new_request
         self._hash_password = hash_password
         self._on_command = on_command  # sees every command line first (the gateway's counters)
+        self._over_capacity = over_capacity  # None: take logins; "host:port": 311 there; "": 503
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -790,9 +795,11 @@ class Session:
         the I/O layer's cue to keep its frame timer running."""
         return not self.closed and (self._publish is not None or self._buffer.pending)
 
-    def greeting(self) -> bytes:
-        """The identification the server sends first (spec 4); no empty line follows."""
-        return f"SMQP/1.0 Ready. {self._config.server_ident}\r\n".encode("utf-8")
+    def greeting(self, available: bool = True) -> bytes:
+        """The identification the server sends first (spec 4); no empty line follows.
+        ``Not Available`` (2002 status) when the server takes no more connections."""
+        status = "Ready" if available else "Not Available"
+        return f"SMQP/1.0 {status}. {self._config.server_ident}\r\n".encode("utf-8")
 
     def receive_data(self, data: bytes) -> list[Action]:
         """Feed received bytes; ``b""`` means the peer closed (a partial frame is dropped)."""
@@ -972,6 +979,11 @@ class Session:
         if not _valid_account(args[0]):
             return self._bad(Reply.error(BAD_REQUEST, "account name must be a valid topic level"))
         self._phase, self._login_user = _Phase.NEW, None
+        redirect = self._over_capacity()
+        if redirect:  # 4.1.1 Redirect Request: this gateway is full, another of the farm is not
+            return self._reply(Reply(REDIRECT, ("Redirect request", redirect)))
+        if redirect is not None:
+            return self._reply(Reply.error(SERVICE_UNAVAILABLE, "no more logins on this server"))
         if method.upper() != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
         self._phase, self._login_user = _Phase.AUTHENTICATING, args[0]
@@ -1368,8 +1380,22 @@ class Session:
             target = pattern if pattern.endswith("/*") else self._registry.resolve(pattern)
             if target is None or not self._exists(pattern):
                 return None
+            refused = self._subscription_limits(target)
+            if refused is not None:
+                return self._reply(refused)
             return self._control(Subscribe(self._account, self._guid, target, now, since, until, request))
         return self._consult(decide, pattern)
+
+    def _subscription_limits(self, pattern: str) -> Reply | None:
+        """5.1 (7) and (8): topics one request may reach (414), subscriptions per account (510)."""
+        reached = len(self._registry.matching(pattern)) if pattern.endswith("/*") else 1
+        if reached > self._config.max_topics_per_subscribe:
+            return Reply.error(RESOURCE_TOO_LARGE, f"{pattern} reaches {reached} topics, "
+                                                   f"more than {self._config.max_topics_per_subscribe}")
+        mine = self._registry.subscriptions.get(self._account, {})
+        if pattern not in mine and len(mine) >= self._config.max_subscriptions:
+            return Reply.error(MAX_QUANTITIES_EXCEEDED, f"{len(mine)} subscriptions already")
+        return None
 
     def smqp_UNSUBSCRIBE(self, verb: str, args: list[str]) -> list[Action]:
         """``UNSUB MESSAGE|TOPIC|SUBSCRIBER <topic>|<topic>/*|*``, ``UNSUB SERVER TIMEOUT``, ``UNSUB *``."""

@@ -90,6 +90,10 @@ class Connection:
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         try:
+            if len(self.gateway.connections) > self.gateway.config.gateway.max_connections:
+                self.outbox.put_nowait(self.session.greeting(available=False))  # and close
+                self.closing = True
+                return
             self.outbox.put_nowait(self.session.greeting())
             await self._read_loop()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -426,7 +430,13 @@ class Gateway:
         return Session(self.config.gateway, self.accounts.authenticate,
                        clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
                        registry=self.registry, new_request=lambda: uuid.uuid4().hex,
-                       hash_password=hash_password, on_command=self.metrics.frame_in)
+                       hash_password=hash_password, on_command=self.metrics.frame_in,
+                       over_capacity=self._over_capacity)
+
+    def _over_capacity(self) -> str | None:
+        """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
+        logins = sum(len(connections) for connections in self.sessions.values())
+        return None if logins < self.config.gateway.max_logins else self.config.gateway.redirect_to
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

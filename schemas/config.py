@@ -42,6 +42,11 @@ class GatewayConfig:
     frame_timeout_s: float = 30.0  # an unfinished frame older than this gets 408 and a close
     max_bad_commands: int = 20  # syntax errors tolerated per session before it is closed
     max_children_per_topic: int = 1000  # CREATE TOPIC beyond this gets 414
+    max_logins: int = 10000  # LOGIN beyond this many logins on this gateway gets 311 (or 503)
+    redirect_to: str = ""  # "host:port" of another gateway of the farm for that 311; "" = 503
+    max_connections: int = 20000  # beyond this, "SMQP/1.0 Not Available." and a close
+    max_subscriptions: int = 1000  # message subscriptions per account; beyond, 510
+    max_topics_per_subscribe: int = 1000  # a wildcard SUB reaching more topics gets 414
     status_port: int = 0  # HTTP /metrics (Prometheus) on this port of ``host``; 0 = off
 
 
@@ -53,6 +58,7 @@ class StreamingConfig:
     max_records_per_batch: int = 20000
     poll_timeout_ms: int = 50
     query_name: str = "smqp-router"
+    tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def make_registry(topics=SPEC_TOPICS) -> Registry:
     return registry
 
 
-def make_session(config: GatewayConfig | None = None, registry: Registry | None = None) -> Session:
+def make_session(config: GatewayConfig | None = None, registry: Registry | None = None, **options) -> Session:
     """A session with a fixed clock, ``<user>0456`` GUIDs, SMUIDs counting up, request ids
     ``r1, r2, …`` and a registry holding :data:`SPEC_TOPICS` (``session.registry``)."""
     smuids = itertools.count(FIRST_SMUID)
@@ -59,7 +59,7 @@ def make_session(config: GatewayConfig | None = None, registry: Registry | None 
     session = Session(config or make_config(), authenticate, clock=lambda: SPEC_TIME,
                       new_guid=lambda user: f"{user}0456", new_smuid=lambda: next(smuids),
                       registry=registry, new_request=lambda: f"r{next(requests)}",
-                      hash_password=lambda password: f"hashed:{password}")
+                      hash_password=lambda password: f"hashed:{password}", **options)
     session.registry = registry  # for the test driver
     session.stored = {}  # topic -> [StoredMessage], what ReadMessages finds
     return session

@@ -637,3 +637,41 @@ def test_a_message_expires_after_its_timeout_else_the_server_default():
                               b"PUB MESSAGE /t A3\r\nTimeout: INF\r\n\r\n.\r\n", session_with("/t"))
     accepted = actions[0].event.accepted_at
     assert [a.event.expires_at for a in actions] == [accepted + 2_000_000, accepted + 86_400_000_000, None]
+
+
+# -- limits (spec 5.1)
+
+
+def test_a_full_gateway_redirects_logins_to_another_of_the_farm():
+    """4.1.1 Redirect Request: ``311-Redirect request`` / ``311 <address>``; no farm → 503."""
+    def full(redirect):
+        return lambda: make_session(over_capacity=lambda: redirect)
+    client, server = transcript("""
+        C: LOGIN jtegen CLEAR/1.0
+        S: 311-Redirect request
+        S: 311 192.168.0.100:721
+        S:
+    """)
+    assert wire(feed_three_ways(client, full("192.168.0.100:721"))) == server
+    assert wire(feed_three_ways(client, full(""))) == \
+        b"503 Service unavailable (no more logins on this server)\r\n\r\n"
+
+
+def test_not_available_greeting():
+    assert make_session().greeting(available=False) == b"SMQP/1.0 Not Available. OmicronSoft SMQP Server/1.0 (c) 2001\r\n"
+
+
+def test_subscription_limits_per_request_and_per_account():
+    """5.1 (7) a wildcard reaching too many topics: 414; (8) too many subscriptions: 510."""
+    from tests.gateway.test_feeding import make_config
+
+    def limited():
+        session = make_session(make_config(max_subscriptions=2, max_topics_per_subscribe=2),
+                               registry=make_registry(["/a/x", "/a/y", "/a/z", "/b", "/c", "/d"]))
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
+        return session
+    actions = feed_three_ways(b"SUB MESSAGE /a/*\r\nSUB MESSAGE /b\r\nSUB MESSAGE /c\r\nSUB MESSAGE /b\r\n"
+                              b"SUB MESSAGE /d\r\n", limited)
+    assert wire(actions) == (b"414 Resource too large (/a/* reaches 3 topics, more than 2)\r\n\r\n"
+                             b"200-OK\r\n200 /b\r\n\r\n200-OK\r\n200 /c\r\n\r\n200-OK\r\n200 /b\r\n\r\n"
+                             b"510 Maximum quantities exceeded (2 subscriptions already)\r\n\r\n")

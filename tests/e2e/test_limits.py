@@ -1,0 +1,48 @@
+"""Limits over real sockets: a full gateway redirects LOGINs to another of its farm (311),
+and one past its connection limit greets with ``Not Available`` and closes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from deploy.broker import free_port
+from gateway.client import SMQPClient
+from tests.e2e.stack import GatewayThread, stack_config
+
+pytestmark = pytest.mark.e2e
+
+
+def with_gateway(config, **changes):
+    return replace(config, gateway=replace(config.gateway, **changes))
+
+
+def test_a_full_gateway_redirects_to_another_of_the_farm(broker, tmp_path):
+    config = stack_config(broker, tmp_path)
+    second = with_gateway(config, port=free_port(), node_id=2)
+    with GatewayThread(second) as spare:
+        host, port = spare.address
+        full = with_gateway(config, max_logins=1, redirect_to=f"{host}:{port}")
+        with GatewayThread(full) as busy:
+            async def scenario():
+                first = await SMQPClient.open(*busy.address)  # takes the only login
+                redirected = await SMQPClient.open(*busy.address)  # follows 311 to the spare
+                assert redirected.login_attributes["Topic"] == "/accounts/guest"
+                assert redirected.address == (host, port)
+                await redirected.quit(), await first.quit()
+            asyncio.run(scenario())
+
+
+def test_past_the_connection_limit_the_greeting_says_not_available(broker, tmp_path):
+    config = with_gateway(stack_config(broker, tmp_path), max_connections=1)
+    with GatewayThread(config) as gateway:
+        async def scenario():
+            reader, writer = await asyncio.open_connection(*gateway.address)
+            assert (await reader.readline()).startswith(b"SMQP/1.0 Ready.")
+            reader2, writer2 = await asyncio.open_connection(*gateway.address)
+            assert (await reader2.readline()).startswith(b"SMQP/1.0 Not Available.")
+            assert await asyncio.wait_for(reader2.read(), 5) == b""  # closed by the server
+            writer.close(), writer2.close()
+        asyncio.run(scenario())
