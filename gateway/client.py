@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl as ssl_module
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -289,9 +290,10 @@ class SMQPClient:
     # -- connecting
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout: float = 10.0) -> SMQPClient:
-        """Open a connection and wait for the server's identification line."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    async def connect(cls, host: str, port: int, timeout: float = 10.0, *,
+                      ssl: ssl_module.SSLContext | None = None) -> SMQPClient:
+        """Open a connection (SMQPS when ``ssl`` is given) and wait for the server's identification line."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ssl), timeout)
         client = cls(reader, writer)
         try:
             client.greeting = await asyncio.wait_for(client._greeted, timeout)
@@ -302,10 +304,11 @@ class SMQPClient:
 
     @classmethod
     async def open(cls, host: str, port: int, account: str = "guest", password: str = "", *,
-                   timeout: float = 10.0, max_redirects: int = 5) -> SMQPClient:
+                   timeout: float = 10.0, max_redirects: int = 5,
+                   ssl: ssl_module.SSLContext | None = None) -> SMQPClient:
         """Connect and log in, following up to ``max_redirects`` 311 redirects (4.1.1)."""
         for _ in range(max_redirects + 1):
-            client = await cls.connect(host, port, timeout)
+            client = await cls.connect(host, port, timeout, ssl=ssl)
             try:
                 await asyncio.wait_for(client.login(account, password), timeout)
                 return client

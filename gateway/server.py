@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 import uuid
 from collections import defaultdict, deque
@@ -54,7 +55,7 @@ from gateway.protocol import (
 )
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
-from schemas.config import SMQPConfig, load_config
+from schemas.config import GatewayConfig, SMQPConfig, load_config
 from schemas.events import Ack, Deliver, Sync
 
 log = logging.getLogger("smqp.gateway")
@@ -383,6 +384,16 @@ class _PendingReply:
     ack: Ack | None = None
 
 
+def tls_context(config: GatewayConfig) -> ssl.SSLContext:
+    """SMQPS: TLS 1.2+ with the configured certificate chain and key (standard library ``ssl``)."""
+    if not (config.tls_cert and config.tls_key):
+        raise ValueError("[gateway] tls_port needs tls_cert and tls_key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
 class Gateway:
     """The SMQP server: accepts connections, owns the Kafka clients, the registry and the delivery book."""
 
@@ -402,6 +413,7 @@ class Gateway:
         self.tail: DeliveriesTail | None = None
         self.control: ControlTail | None = None
         self.server: asyncio.base_events.Server | None = None
+        self.tls_server: asyncio.base_events.Server | None = None
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
@@ -451,6 +463,11 @@ class Gateway:
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
                                                  limit=self.config.gateway.max_line_bytes * 2)
         log.info("SMQP gateway listening on %s", self.address)
+        if self.config.gateway.tls_port:
+            self.tls_server = await asyncio.start_server(
+                self._accept, self.config.gateway.host, self.config.gateway.tls_port,
+                limit=self.config.gateway.max_line_bytes * 2, ssl=tls_context(self.config.gateway))
+            log.info("SMQPS (TLS) listening on %s", self.tls_address)
         if self.config.gateway.status_port:
             self.status = await serve_http(self.config.gateway.host, self.config.gateway.status_port, {
                 "/metrics": self._metrics_page, "/healthz": self._health_page})
@@ -459,6 +476,10 @@ class Gateway:
     @property
     def address(self) -> tuple[str, int]:
         return self.server.sockets[0].getsockname()[:2]
+
+    @property
+    def tls_address(self) -> tuple[str, int] | None:
+        return self.tls_server.sockets[0].getsockname()[:2] if self.tls_server else None
 
     @property
     def status_address(self) -> tuple[str, int] | None:
@@ -552,8 +573,9 @@ class Gateway:
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""
-        if self.server:
-            self.server.close()
+        for server in (self.server, self.tls_server):
+            if server:
+                server.close()
         if self.status:
             self.status.close()
         for connection in list(self.connections):
@@ -576,6 +598,8 @@ async def serve(config: SMQPConfig, ready: asyncio.Event | None = None) -> None:
     await gateway.start()
     host, port = gateway.address
     print(f"SMQP gateway ready on {host}:{port} (node {config.gateway.node_id})", flush=True)
+    if gateway.tls_address:
+        print("SMQPS (TLS) on {}:{}".format(*gateway.tls_address), flush=True)
     if gateway.status_address:
         print("status page on http://%s:%s/metrics" % gateway.status_address, flush=True)
     stop = asyncio.Event()

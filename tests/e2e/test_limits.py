@@ -1,9 +1,11 @@
-"""Limits over real sockets: a full gateway redirects LOGINs to another of its farm (311),
+"""Limits and SMQPS over real sockets: a full gateway redirects LOGINs to another of its farm (311),
 and one past its connection limit greets with ``Not Available`` and closes."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -45,4 +47,31 @@ def test_past_the_connection_limit_the_greeting_says_not_available(broker, tmp_p
             assert (await reader2.readline()).startswith(b"SMQP/1.0 Not Available.")
             assert await asyncio.wait_for(reader2.read(), 5) == b""  # closed by the server
             writer.close(), writer2.close()
+        asyncio.run(scenario())
+
+
+def self_signed(directory) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, made by openssl."""
+    cert, key = str(directory / "server.crt"), str(directory / "server.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=smqp-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_a_whole_session_over_smqps(broker, tmp_path):
+    """SMQPS: TLS beside the plain listener; the client verifies the server's certificate."""
+    cert, key = self_signed(tmp_path)
+    config = with_gateway(stack_config(broker, tmp_path), tls_port=free_port(), tls_cert=cert, tls_key=key)
+    with GatewayThread(config) as gateway:
+        trusting = ssl.create_default_context(cafile=cert)
+
+        async def scenario():
+            async with await SMQPClient.open(*gateway.gateway.tls_address, ssl=trusting) as client:
+                await client.create_topic("/secure/t")
+                assert await client.subscribe("/secure/*") == ["/secure/t"]
+                assert await client.publish("/secure/t", b"over TLS")
+                assert await client.list_subscriptions() == ["/secure/*"]
+            with pytest.raises(ssl.SSLCertVerificationError):  # a client that does not trust it
+                await SMQPClient.connect(*gateway.gateway.tls_address, ssl=ssl.create_default_context())
         asyncio.run(scenario())
