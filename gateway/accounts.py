@@ -13,7 +13,8 @@ import getpass
 import hashlib
 import hmac
 import os
-from typing import Mapping
+import time
+from typing import Callable, Mapping
 
 from gateway.protocol import AuthResult
 
@@ -50,17 +51,37 @@ class Accounts:
     """
 
     def __init__(self, hashes: Mapping[str, str], allow_guest: bool = True,
-                 overrides: Mapping[str, str] | None = None):
+                 overrides: Mapping[str, str] | None = None, *, max_failures: int = 5,
+                 lockout_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self._hashes = {name.lower(): value for name, value in hashes.items()}
         self._allow_guest = allow_guest
         self._overrides = {} if overrides is None else overrides
+        self._max_failures = max_failures
+        self._lockout_s = lockout_s
+        self._clock = clock
+        self._failures: dict[str, list[float]] = {}  # account -> times of its recent failed logins
 
     def exists(self, account: str) -> bool:
         name = account.lower()
         return name in self._hashes or (name == GUEST and self._allow_guest)
 
     def authenticate(self, account: str, password: str) -> AuthResult:
+        """Check a password; after ``max_failures`` failures within ``lockout_s`` seconds the
+        account is refused without a check until the oldest of them is that old (slows guessing)."""
         name = account.lower()
+        now = self._clock()
+        recent = [t for t in self._failures.get(name, ()) if now - t < self._lockout_s]
+        if len(recent) >= self._max_failures:
+            self._failures[name] = recent
+            return AuthResult.THROTTLED
+        result = self._check(name, password)
+        if result is AuthResult.BAD_PASSWORD:
+            self._failures[name] = [*recent, now]
+        elif result is AuthResult.OK:
+            self._failures.pop(name, None)
+        return result
+
+    def _check(self, name: str, password: str) -> AuthResult:
         if name == GUEST and self._allow_guest and name not in self._hashes and name not in self._overrides:
             return AuthResult.OK if password == "" else AuthResult.BAD_PASSWORD
         stored = self._overrides.get(name) or self._hashes.get(name)

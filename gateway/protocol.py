@@ -102,6 +102,7 @@ class AuthResult(enum.Enum):
     OK = "ok"
     UNKNOWN_ACCOUNT = "unknown account"
     BAD_PASSWORD = "bad password"
+    THROTTLED = "too many failed logins"
 
 
 class SessionMisuse(RuntimeError):
@@ -1002,6 +1003,8 @@ class Session:
         result = self._authenticate(user, password)
         if result is AuthResult.UNKNOWN_ACCOUNT:
             return self._reply(Reply.error(NOT_FOUND, "account not found"))
+        if result is AuthResult.THROTTLED:
+            return self._reply(Reply.error(UNAUTHORIZED, "too many failed logins; try again later"))
         if result is not AuthResult.OK:
             return self._reply(Reply.error(UNAUTHORIZED, "password not correct"))
         return self._log_in(user.lower())

@@ -404,7 +404,8 @@ class Gateway:
                                  max_children=config.gateway.max_children_per_topic,
                                  pending_for_topic=self.book.pending_for_topic)
         self.accounts = Accounts(config.accounts, allow_guest=config.gateway.allow_guest,
-                                 overrides=self.registry.passwords)
+                                 overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
+                                 lockout_s=config.gateway.login_lockout_s)
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)

@@ -47,6 +47,8 @@ class GatewayConfig:
     max_connections: int = 20000  # beyond this, "SMQP/1.0 Not Available." and a close
     max_subscriptions: int = 1000  # message subscriptions per account; beyond, 510
     max_topics_per_subscribe: int = 1000  # a wildcard SUB reaching more topics gets 414
+    max_login_failures: int = 5  # failed PASS per account within login_lockout_s before it is refused
+    login_lockout_s: float = 30.0
     tls_port: int = 0  # SMQPS (TLS) listener beside the plain one; 0 = off
     tls_cert: str = ""  # PEM certificate chain for SMQPS
     tls_key: str = ""  # PEM private key for SMQPS

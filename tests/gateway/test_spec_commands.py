@@ -675,3 +675,14 @@ def test_subscription_limits_per_request_and_per_account():
     assert wire(actions) == (b"414 Resource too large (/a/* reaches 3 topics, more than 2)\r\n\r\n"
                              b"200-OK\r\n200 /b\r\n\r\n200-OK\r\n200 /c\r\n\r\n200-OK\r\n200 /b\r\n\r\n"
                              b"510 Maximum quantities exceeded (2 subscriptions already)\r\n\r\n")
+
+
+def test_a_throttled_login_is_401_with_a_reason():
+    from gateway.protocol import AuthResult, Session
+    from tests.gateway.test_feeding import SPEC_TIME, make_config
+    registry = make_registry()
+    session = Session(make_config(), lambda user, password: AuthResult.THROTTLED,  # Accounts, after failures
+                      clock=lambda: SPEC_TIME, new_guid=str, new_smuid=lambda: 1, registry=registry)
+    session.registry, session.stored = registry, {}
+    assert wire(run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen x\r\n"])) == (
+        OK + b"401 Unauthorized (too many failed logins; try again later)\r\n\r\n")

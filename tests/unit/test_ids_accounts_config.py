@@ -92,3 +92,18 @@ def test_date_time_and_timeout_formats():
     assert format_timeout(timedelta(days=1, seconds=5)) == "01:00:00:05"
     with pytest.raises(ValueError):
         parse_timeout("soon")
+
+
+def test_repeated_failed_logins_are_throttled_then_allowed_again():
+    from gateway.accounts import Accounts, hash_password
+    now = [0.0]
+    accounts = Accounts({"ann": hash_password("right", iterations=1000)}, max_failures=3, lockout_s=30,
+                        clock=lambda: now[0])
+    assert [accounts.authenticate("ann", "wrong") for _ in range(3)] == [AuthResult.BAD_PASSWORD] * 3
+    assert accounts.authenticate("ann", "right") is AuthResult.THROTTLED  # not even checked
+    now[0] = 29.9
+    assert accounts.authenticate("ANN", "right") is AuthResult.THROTTLED
+    now[0] = 30.0
+    assert accounts.authenticate("ann", "right") is AuthResult.OK
+    assert accounts.authenticate("ann", "wrong") is AuthResult.BAD_PASSWORD  # the count started again
+    assert accounts.authenticate("ann", "right") is AuthResult.OK
