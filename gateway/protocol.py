@@ -72,6 +72,7 @@ from gateway.replies import (
 )
 from schemas.config import GatewayConfig
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH
+from gateway.ual import AccessList
 from schemas.events import (
     Ack,
     CreateTopic,
@@ -741,7 +742,7 @@ class Session:
                  new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
                  hash_password: Callable[[str], str] = lambda password: password,
                  on_command: Callable[[bytes], None] = lambda line: None,
-                 over_capacity: Callable[[], str | None] = lambda: None):
+                 over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList()):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -752,6 +753,7 @@ class Session:
         self._hash_password = hash_password
         self._on_command = on_command  # sees every command line first (the gateway's counters)
         self._over_capacity = over_capacity  # None: take logins; "host:port": 311 there; "": 503
+        self._access = access  # the administrator's User Access Lists (spec section 6)
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -964,6 +966,18 @@ class Session:
         base = pattern[:-2] if pattern.endswith("/*") else pattern
         return base == "" or self._registry.live(base)
 
+    def _may(self, action: str, topic: str) -> bool:
+        """The UAL's word on ``action`` for ``topic`` (a wildcard: its parent) for this login."""
+        base = topic[:-2] if topic.endswith("/*") else topic
+        return self._access.allows(self._account, action, base or "/")
+
+    def _denied(self, action: str, topic: str) -> list[Action]:
+        return self._reply(Reply.error(UNAUTHORIZED, f"no {action} permission on {topic}"))
+
+    def _seen(self, paths: list[str]) -> list[str]:
+        """LIST/COUNT/FIND never reveal a topic the login may not subscribe to."""
+        return [p for p in paths if self._may("subscribe", p)]
+
     def _own_or_public(self, topic: str) -> bool:
         """Account topics are private to their account."""
         return not topic.startswith("/accounts/") or topic == account_topic(self._account)
@@ -1034,11 +1048,11 @@ class Session:
         registry = self._registry
 
         def decide() -> list[Action] | None:
-            if not self._exists(pattern) or not self._own_or_public(pattern):
+            if not self._exists(pattern) or not self._own_or_public(pattern) or not self._may("subscribe", pattern):
                 return None
             if resource in _TOPIC:
-                count = len(registry.descendants(pattern[:-2] or "/")) if pattern.endswith("/*") \
-                    else len(registry.children(pattern))
+                count = len(self._seen(registry.descendants(pattern[:-2] or "/") if pattern.endswith("/*")
+                                       else registry.children(pattern)))
             elif resource in _SUBSCRIBERS:
                 count = registry.subscribers_in_scope(pattern)
             else:
@@ -1056,7 +1070,8 @@ class Session:
         if len(args) != 2 or resource not in _TOPIC | _MESSAGE:
             return self._usage("LIST TOPIC <topic> | LIST MESSAGE <topic> | LIST SUBSCRIPTIONS")
         if resource in _TOPIC and args[1] == "/":
-            return [Consult(lambda final: self._reply(Reply.ok(*self._topic_lines(self._registry.children("/")))))]
+            return [Consult(lambda final: self._reply(Reply.ok(
+                *self._topic_lines(self._seen(self._registry.children("/"))))))]
         error, topic = self._topic(args[1])
         if error is not None:
             return self._error(error)
@@ -1064,10 +1079,10 @@ class Session:
 
         def decide() -> list[Action] | None:
             if resource in _TOPIC:
-                if not registry.visible(topic):
+                if not registry.visible(topic) or not self._may("subscribe", topic):
                     return None
-                return self._reply(Reply.ok(*self._topic_lines(registry.children(topic))))
-            if not self._own_or_public(topic) or not registry.readable(topic):
+                return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
+            if not self._own_or_public(topic) or not registry.readable(topic) or not self._may("subscribe", topic):
                 return None
             return [ReadMessages((topic,), self._render_list)]
         return self._consult(decide, topic)
@@ -1095,7 +1110,7 @@ class Session:
             if not self._exists(pattern):
                 return None
             scope = [pattern] if pattern.endswith("/*") or not keywords else [pattern, pattern + "/*"]
-            found = {t.path: t for s in scope for t in registry.find(s, keywords)}
+            found = {t.path: t for s in scope for t in registry.find(s, keywords) if self._may("subscribe", t.path)}
             if not found:
                 return None
             return self._reply(Reply.ok(*[
@@ -1111,7 +1126,7 @@ class Session:
             if error is not None:
                 return self._error(error)
             return self._consult(lambda: self._reply(Reply.ok(",".join(self._registry.topics[topic].keywords)))
-                                 if self._registry.visible(topic) else None, topic)
+                                 if self._registry.visible(topic) and self._may("subscribe", topic) else None, topic)
         if resource not in _MESSAGE or len(args) != 3:
             return self._usage("GET MESSAGE <topic> <smuid|ranges|*> | GET TOPIC KEYWORDS <topic>")
         error, topic = self._topic(args[1])
@@ -1129,7 +1144,7 @@ class Session:
             return [Send(b"200 OK\r\n" + body + CRLF)]
 
         def decide() -> list[Action] | None:
-            if not self._own_or_public(topic) or not self._registry.readable(topic):
+            if not self._own_or_public(topic) or not self._registry.readable(topic) or not self._may("subscribe", topic):
                 return None
             return [ReadMessages((topic,), render)]
         return self._consult(decide, topic)
@@ -1156,6 +1171,8 @@ class Session:
             if target == topic:
                 return self._reply(Reply.error(CONFLICT, "a topic cannot link to itself"))
         keywords = parse_keywords(match["keywords"]) if match["keywords"] else []
+        if not self._may("admin", topic):
+            return self._denied("admin", topic)
         return self._control(CreateTopic(self._new_request(), self._account, topic, self._now(), keywords, target))
 
     def smqp_REMOVE(self, verb: str, args: list[str]) -> list[Action]:
@@ -1165,6 +1182,8 @@ class Session:
         error, topic = self._topic(args[1])
         if error is not None:
             return self._error(error)
+        if not self._may("admin", topic):
+            return self._denied("admin", topic)
         return self._control(RemoveTopic(self._new_request(), self._account, topic, self._now()))
 
     def smqp_SET(self, verb: str, args: list[str]) -> list[Action]:
@@ -1198,6 +1217,8 @@ class Session:
         new = canonical(args[1])
         if new == topic:
             return self._reply(Reply.error(CONFLICT, "new-topic and topic are the same"))
+        if not (self._may("admin", topic) and self._may("admin", new)):
+            return self._denied("admin", topic if not self._may("admin", topic) else new)
         return self._control(RenameTopic(self._new_request(), self._account, topic, new, self._now()))
 
     def _set_topic_keywords(self, args: list[str]) -> list[Action]:
@@ -1207,6 +1228,8 @@ class Session:
         error, topic = self._topic(args[0])
         if error is not None:
             return self._error(error)
+        if not self._may("admin", topic):
+            return self._denied("admin", topic)
         return self._control(SetTopicKeywords(self._new_request(), self._account, topic, keywords, self._now()))
 
     def _set_password(self, args: list[str]) -> list[Action]:
@@ -1296,7 +1319,11 @@ class Session:
 
         def decide() -> list[Action] | None:
             target = self._registry.resolve(topic)
-            return None if target is None else self._durable_publish(publish, target, framer.headers)
+            if target is None:
+                return None
+            if not (self._may("publish", topic) and self._may("publish", target)):
+                return [] if silent else self._denied("publish", topic)
+            return self._durable_publish(publish, target, framer.headers)
         if silent:
             return [Consult(lambda final: decide() or [])]
         return self._consult(decide, topic)
@@ -1311,6 +1338,8 @@ class Session:
             return self._reply(Reply.error(NOT_FOUND, f"account {account}"))
         headers = [(n, v) for n, v in publish.framer.headers if n.lower() not in ("cmuid", "smuid")]
         headers += [("In-Reply-To", original), ("Reply-Topic", publish.topic)]
+        if not self._may("reply", publish.topic):
+            return self._denied("reply", publish.topic)
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
@@ -1351,6 +1380,8 @@ class Session:
                 return self._error(error)
             watch = Watch(self._new_request(), self._account,
                           TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH, pattern, self._now())
+            if not self._may("subscribe", pattern):
+                return self._denied("subscribe", pattern)
             return self._consult(lambda: self._control(watch) if self._exists(pattern) else None, pattern)
         return self._usage("SUBSCRIBE MESSAGE|TOPIC|SUBSCRIBER <topic> | SUBSCRIBE SERVER TIMEOUT")
 
@@ -1380,6 +1411,8 @@ class Session:
         def decide() -> list[Action] | None:
             if not self._own_or_public(pattern):
                 return self._reply(Reply.error(FORBIDDEN, "another account's topic"))
+            if not self._may("subscribe", pattern):
+                return self._denied("subscribe", pattern)
             target = pattern if pattern.endswith("/*") else self._registry.resolve(pattern)
             if target is None or not self._exists(pattern):
                 return None

@@ -55,6 +55,7 @@ from gateway.protocol import (
 )
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
+from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
 from schemas.events import Ack, Deliver, Sync
 
@@ -406,6 +407,7 @@ class Gateway:
         self.accounts = Accounts(config.accounts, allow_guest=config.gateway.allow_guest,
                                  overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
                                  lockout_s=config.gateway.login_lockout_s)
+        self.access = AccessList(config.ual)
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
@@ -444,7 +446,7 @@ class Gateway:
                        clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
                        registry=self.registry, new_request=lambda: uuid.uuid4().hex,
                        hash_password=hash_password, on_command=self.metrics.frame_in,
-                       over_capacity=self._over_capacity)
+                       over_capacity=self._over_capacity, access=self.access)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""

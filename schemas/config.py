@@ -102,6 +102,8 @@ class SMQPConfig:
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     # account name -> password hash (see gateway.accounts.hash_password)
     accounts: Mapping[str, str] = field(default_factory=dict)
+    # topic -> action -> account names: the User Access Lists (see gateway.ual)
+    ual: Mapping[str, Mapping[str, list]] = field(default_factory=dict)
 
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""
