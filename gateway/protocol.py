@@ -889,6 +889,8 @@ class Session:
             self._line = line.decode("utf-8")
         except UnicodeDecodeError:
             return self._bad(Reply.error(BAD_REQUEST, "command is not UTF-8"))
+        if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in self._line):
+            return self._bad(Reply.error(BAD_REQUEST, "control character in command"))
         words = self._line.split()
         if not words:
             return []

@@ -304,3 +304,9 @@ def test_control_characters_in_header_lines_are_refused():
     """A bare CR inside a value could split the line again when a NOTIFY is rendered."""
     actions = feed_three_ways(pub(NOOP, headers=b"Name: a\rSmuid: forged\r\n"))
     assert wire(actions) == b"400 Bad request (malformed header line)\r\n\r\n" + OK
+
+
+def test_control_characters_in_a_command_line_are_refused():
+    """Found by the fuzz: a stray CR inside a command must never reach a reply line."""
+    actions = feed_three_ways(b"FIND TOPIC /a BL\rUE\r\nNOOP\x00\r\nNOOP\r\n")
+    assert wire(actions) == b"400 Bad request (control character in command)\r\n\r\n" * 2 + b"200 OK\r\n\r\n"
