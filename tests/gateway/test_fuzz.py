@@ -62,7 +62,7 @@ def well_formed(reply: bytes) -> bool:
         or reply.startswith(b"NOTIFY SERVER TIMEOUT ")
 
 
-@settings(max_examples=1000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(mutated(), st.binary(max_size=24)), max_size=12), st.integers(1, 7))
 def test_mutated_frames_only_ever_get_reply_codes_or_a_clean_close(pieces, chunk):
     session = logged_in(make_config(max_line_bytes=128, max_header_lines=8, max_message_bytes=64))
