@@ -17,6 +17,7 @@ import time
 from typing import Callable, Mapping
 
 from gateway.protocol import AuthResult
+from gateway.scram import Credentials
 
 ALGORITHM = "pbkdf2_sha256"
 DEFAULT_ITERATIONS = 200_000
@@ -69,17 +70,39 @@ class Accounts:
         """Check a password; after ``max_failures`` failures within ``lockout_s`` seconds the
         account is refused without a check until the oldest of them is that old (slows guessing)."""
         name = account.lower()
-        now = self._clock()
-        recent = [t for t in self._failures.get(name, ()) if now - t < self._lockout_s]
-        if len(recent) >= self._max_failures:
-            self._failures[name] = recent
+        if self._throttled(name):
             return AuthResult.THROTTLED
         result = self._check(name, password)
-        if result is AuthResult.BAD_PASSWORD:
-            self._failures[name] = [*recent, now]
-        elif result is AuthResult.OK:
-            self._failures.pop(name, None)
+        if result is not AuthResult.UNKNOWN_ACCOUNT:
+            self.login_outcome(name, result is AuthResult.OK)
         return result
+
+    def scram_credentials(self, account: str) -> Credentials | AuthResult:
+        """SCRAM-SHA-256 keys from the stored PBKDF2 hash (it is SCRAM's SaltedPassword);
+        UNKNOWN_ACCOUNT (guest too: it logs in with CLEAR) or THROTTLED instead."""
+        name = account.lower()
+        if self._throttled(name):
+            return AuthResult.THROTTLED
+        stored = self._overrides.get(name) or self._hashes.get(name)
+        if stored is None:
+            return AuthResult.UNKNOWN_ACCOUNT
+        algorithm, iterations, salt, digest = stored.split("$")
+        return Credentials(base64.b64decode(salt), int(iterations), base64.b64decode(digest))
+
+    def login_outcome(self, account: str, ok: bool) -> None:
+        """Count a SCRAM login's result like a CLEAR one's."""
+        name = account.lower()
+        if ok:
+            self._failures.pop(name, None)
+        else:
+            self._failures[name] = [*self._recent(name), self._clock()]
+
+    def _recent(self, name: str) -> list[float]:
+        now = self._clock()
+        return [t for t in self._failures.get(name, ()) if now - t < self._lockout_s]
+
+    def _throttled(self, name: str) -> bool:
+        return len(self._recent(name)) >= self._max_failures
 
     def _check(self, name: str, password: str) -> AuthResult:
         if name == GUEST and self._allow_guest and name not in self._hashes and name not in self._overrides:

@@ -26,8 +26,10 @@ does nothing.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
+import secrets
 import ssl as ssl_module
 from collections import deque
 from collections.abc import Iterable
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway import client_protocol as cp
+from gateway import scram
 from schemas.events import Headers, Section
 
 #: SET LOGIN attributes other than PASSWORD (4.1.6.2).
@@ -376,9 +379,12 @@ class SMQPClient:
 
     # -- LOGIN, NOOP, QUIT
 
-    async def login(self, account: str, password: str = "") -> dict[str, str]:
-        """LOGIN with CLEAR + PASS; returns the attributes of the 200 reply (Topic, Guid, …).
+    async def login(self, account: str, password: str = "", *, method: str = "CLEAR") -> dict[str, str]:
+        """LOGIN with CLEAR + PASS, or with ``method="SCRAM-SHA-256"`` (the password never
+        leaves this process); returns the attributes of the 200 reply (Topic, Guid, …).
         Raises :class:`SMQPRedirect` on 311.  PASS sends the password as one word: no spaces."""
+        if method.upper() == scram.METHOD:
+            return await self._scram_login(account, password)
         if any(c.isspace() for c in password):
             raise ValueError("a password sent with PASS cannot contain spaces")
         reply = await self.command("LOGIN", account, "CLEAR/1.0")
@@ -387,6 +393,37 @@ class SMQPClient:
         reply = await self.command(*(["PASS", account, password] if password else ["PASS", account]))
         self.login_attributes = dict(line.split(": ", 1) for line in reply.lines if ": " in line)
         return self.login_attributes
+
+    async def _scram_login(self, account: str, password: str) -> dict[str, str]:
+        """SCRAM-SHA-256 over ``+`` continuations; the server's ``Verifier:`` is checked."""
+        client = scram.ScramClient(account, password, secrets.token_urlsafe(18))
+        encode = lambda text: cp.render_line(base64.b64encode(text.encode()).decode())  # noqa: E731
+        channel = self._main
+        async with channel.lock:
+            async def step(data: bytes):
+                waiter = channel.submit(data)
+                await channel.writer.drain()
+                return _check(await waiter)
+            try:
+                reply = await step(cp.render_command("LOGIN", account, f"{scram.METHOD}/1.0"))
+                if reply.code == 311:
+                    raise SMQPRedirect(reply.code, reply.lines)
+                server_first = await step(encode(client.first()))
+                if not isinstance(server_first, cp.Continuation):
+                    raise cp.ServerProtocolError(f"SCRAM: expected '+ server-first', got {server_first!r}")
+                final = client.final(base64.b64decode(server_first.text).decode())
+                reply = await step(encode(final))
+            except (SMQPError, cp.ServerProtocolError, scram.ScramError):
+                raise
+            except BaseException:
+                channel.writer.transport.abort()  # half way through: the server would misread what follows
+                raise
+        attributes = dict(line.split(": ", 1) for line in reply.lines if ": " in line)
+        if not client.verify(base64.b64decode(attributes.get("Verifier", "")).decode()):
+            await self.close()
+            raise scram.ScramError("the server did not prove it knows the password")
+        self.login_attributes = attributes
+        return attributes
 
     async def noop(self) -> None:
         await self.command("NOOP")

@@ -45,6 +45,7 @@ Wire rules (spec section 4, decided where the spec is loose):
 
 from __future__ import annotations
 
+import base64
 import enum
 import re
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ from gateway.replies import (
 )
 from schemas.config import GatewayConfig
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH
+from gateway.scram import METHOD as SCRAM_METHOD
+from gateway.scram import Credentials, ScramError, ScramServer
 from gateway.ual import AccessList
 from schemas.events import (
     Ack,
@@ -603,6 +606,17 @@ def topic_error(error: TopicError) -> Reply:
     return Reply.error(BAD_REQUEST, error.reason)
 
 
+def _base64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _unbase64(line: bytes) -> str:
+    try:
+        return base64.b64decode(line.strip(), validate=True).decode("utf-8")
+    except ValueError as error:
+        raise ScramError("not base64") from error
+
+
 def _valid_account(name: str) -> bool:
     """An account owns the topic ``/accounts/<name>``, so its name must make one."""
     try:
@@ -742,7 +756,10 @@ class Session:
                  new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
                  hash_password: Callable[[str], str] = lambda password: password,
                  on_command: Callable[[bytes], None] = lambda line: None,
-                 over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList()):
+                 over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList(),
+                 scram_credentials: Callable[[str], Credentials | AuthResult] = lambda user: AuthResult.UNKNOWN_ACCOUNT,
+                 login_outcome: Callable[[str, bool], None] = lambda user, ok: None,
+                 new_nonce: Callable[[], str] = lambda: "nonce"):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -754,6 +771,9 @@ class Session:
         self._on_command = on_command  # sees every command line first (the gateway's counters)
         self._over_capacity = over_capacity  # None: take logins; "host:port": 311 there; "": 503
         self._access = access  # the administrator's User Access Lists (spec section 6)
+        self._scram_credentials = scram_credentials  # SCRAM-SHA-256: the account's stored keys
+        self._login_outcome = login_outcome  # SCRAM results, for the throttling of failed logins
+        self._new_nonce = new_nonce
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -987,7 +1007,7 @@ class Session:
     # -- handlers: one per verb, abbreviations share them
 
     def smqp_LOGIN(self, verb: str, args: list[str]) -> list[Action]:
-        """``LOGIN <user> <method>/<version>``; only CLEAR is offered (405 otherwise)."""
+        """``LOGIN <user> <method>/<version>``: CLEAR (then PASS) or SCRAM-SHA-256; 405 otherwise."""
         if self.logged_in:
             return self._bad(Reply.error(BAD_REQUEST, "already logged in"))
         method, slash, version = args[1].partition("/") if len(args) == 2 else ("", "", "")
@@ -1001,10 +1021,46 @@ class Session:
             return self._reply(Reply(REDIRECT, ("Redirect request", redirect)))
         if redirect is not None:
             return self._reply(Reply.error(SERVICE_UNAVAILABLE, "no more logins on this server"))
+        if method.upper() == SCRAM_METHOD:
+            return self._scram_login(args[0])
         if method.upper() != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
         self._phase, self._login_user = _Phase.AUTHENTICATING, args[0]
         return self._reply(Reply.ok())
+
+    def _scram_login(self, user: str) -> list[Action]:
+        """SCRAM-SHA-256 through ``+`` continuation lines, each message base64:
+        ``200 +`` / client-first / ``+ server-first`` / client-final / the login reply, whose
+        ``Verifier:`` attribute is the server-final message (the server's proof)."""
+        credentials = self._scram_credentials(user)
+        if credentials is AuthResult.UNKNOWN_ACCOUNT:
+            return self._reply(Reply.error(NOT_FOUND, "account not found"))
+        if credentials is AuthResult.THROTTLED:
+            return self._reply(Reply.error(UNAUTHORIZED, "too many failed logins; try again later"))
+        server = ScramServer(credentials, self._new_nonce())
+
+        def failed(reason: str) -> list[Action]:
+            self._login_outcome(user, False)
+            return self._reply(Reply.error(UNAUTHORIZED, reason))
+
+        def client_final(line: bytes) -> list[Action]:
+            try:
+                verifier = server.final(_unbase64(line))
+            except ScramError as error:
+                return failed(str(error))
+            self._login_outcome(user, True)
+            return self._log_in(user.lower(), f"Verifier: {_base64(verifier)}")
+
+        def client_first(line: bytes) -> list[Action]:
+            try:
+                server_first = server.first(_unbase64(line))
+            except ScramError as error:
+                return failed(str(error))
+            self._continuation = client_final
+            return [Send(f"+ {_base64(server_first)}\r\n\r\n".encode())]
+
+        self._continuation = client_first
+        return self._reply(Reply.ok("+"))
 
     def smqp_PASS(self, verb: str, args: list[str]) -> list[Action]:
         """``PASS <user> [password]`` after ``LOGIN <user> CLEAR``; one attempt per LOGIN."""
@@ -1025,11 +1081,12 @@ class Session:
             return self._reply(Reply.error(UNAUTHORIZED, "password not correct"))
         return self._log_in(user.lower())
 
-    def _log_in(self, user: str) -> list[Action]:
-        """The 4.1.1 login reply, in the spec example's attribute order."""
+    def _log_in(self, user: str, *first: str) -> list[Action]:
+        """The 4.1.1 login reply, in the spec example's attribute order (``first`` lines before)."""
         self._phase, self._account, self._guid = _Phase.READY, user, self._new_guid(user)
         timeout = self._registry.server_timeout if self._registry else self._config.default_timeout
         reply = Reply.ok(
+            *first,
             f"Topic: {account_topic(user)}",
             f"Timeout: {timeout}",
             f"Time: {format_date_time(self._clock())}",

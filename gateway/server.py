@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import ssl
 import time
@@ -446,7 +447,9 @@ class Gateway:
                        clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
                        registry=self.registry, new_request=lambda: uuid.uuid4().hex,
                        hash_password=hash_password, on_command=self.metrics.frame_in,
-                       over_capacity=self._over_capacity, access=self.access)
+                       over_capacity=self._over_capacity, access=self.access,
+                       scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
+                       new_nonce=lambda: secrets.token_urlsafe(18))
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""

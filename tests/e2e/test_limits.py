@@ -75,3 +75,27 @@ def test_a_whole_session_over_smqps(broker, tmp_path):
             with pytest.raises(ssl.SSLCertVerificationError):  # a client that does not trust it
                 await SMQPClient.connect(*gateway.gateway.tls_address, ssl=ssl.create_default_context())
         asyncio.run(scenario())
+
+
+def test_scram_login_never_sends_the_password_and_failures_are_throttled(broker, tmp_path):
+    """SCRAM-SHA-256 over real sockets against a PBKDF2-hashed account, over SMQPS too."""
+    from gateway.accounts import hash_password
+    from gateway.client import SMQPError
+    cert, key = self_signed(tmp_path)
+    config = with_gateway(stack_config(broker, tmp_path, {"ann": hash_password("s3cret", iterations=4096)}),
+                          max_login_failures=2, tls_port=free_port(), tls_cert=cert, tls_key=key)
+    with GatewayThread(config) as gateway:
+        async def scenario():
+            async with await SMQPClient.connect(*gateway.gateway.tls_address,
+                                                ssl=ssl.create_default_context(cafile=cert)) as client:
+                attributes = await client.login("ann", "s3cret", method="SCRAM-SHA-256")
+                assert attributes["Topic"] == "/accounts/ann" and "Verifier" in attributes
+            for _ in range(2):
+                async with await SMQPClient.connect(*gateway.address) as client:
+                    with pytest.raises(SMQPError) as refused:
+                        await client.login("ann", "wrong", method="SCRAM-SHA-256")
+                    assert refused.value.code == 401
+            async with await SMQPClient.connect(*gateway.address) as client:
+                with pytest.raises(SMQPError, match="too many failed logins"):
+                    await client.login("ann", "s3cret", method="SCRAM-SHA-256")
+        asyncio.run(scenario())

@@ -686,3 +686,44 @@ def test_a_throttled_login_is_401_with_a_reason():
     session.registry, session.stored = registry, {}
     assert wire(run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen x\r\n"])) == (
         OK + b"401 Unauthorized (too many failed logins; try again later)\r\n\r\n")
+
+
+def test_scram_sha_256_login_through_continuation_lines():
+    """The password never crosses the wire: ``200 +``, client-first, ``+ server-first``,
+    client-final, then the login reply carrying the server's proof as ``Verifier:``."""
+    import base64
+    import hashlib
+
+    from gateway.protocol import AuthResult
+    from gateway.scram import Credentials, ScramClient
+
+    salt = b"0123456789abcdef"
+    credentials = Credentials(salt, 4096, hashlib.pbkdf2_hmac("sha256", b"rowe7kuy", salt, 4096))
+    outcomes = []
+
+    def factory():
+        return make_session(scram_credentials=lambda user: credentials if user == "jtegen"
+                            else AuthResult.UNKNOWN_ACCOUNT, new_nonce=lambda: "SERVER",
+                            login_outcome=lambda user, ok: outcomes.append(ok))
+
+    b64 = lambda text: base64.b64encode(text.encode()) + b"\r\n"  # noqa: E731
+    client = ScramClient("jtegen", "rowe7kuy", "CLIENT")
+    first = b"LOGIN jtegen SCRAM-SHA-256/1.0\r\n\r\n" + b64(client.first())
+    session = factory()
+    replies = wire(run(session, [first]))
+    assert replies.startswith(b"200-OK\r\n200 +\r\n\r\n+ ")
+    server_first = base64.b64decode(replies.split(b"+ ")[1].split(b"\r\n")[0]).decode()
+    actions = run(session, [b64(client.final(server_first))])
+    reply = wire(actions).decode()
+    verifier = reply.split("Verifier: ")[1].split("\r\n")[0]
+    assert client.verify(base64.b64decode(verifier).decode()) and session.logged_in and outcomes == [True]
+    assert "200-Topic: /accounts/jtegen" in reply
+
+    wrong = ScramClient("jtegen", "guess", "CLIENT")
+    session = factory()
+    run(session, [b"LOGIN jtegen SCRAM-SHA-256/1.0\r\n" + b64(wrong.first())])
+    assert wire(run(session, [b64(wrong.final(server_first))])) == \
+        b"401 Unauthorized (proof does not match)\r\n\r\n"
+    assert not session.logged_in and outcomes == [True, False]
+    assert wire(feed_three_ways(b"LOGIN nobody SCRAM-SHA-256/1.0\r\n", factory)) == \
+        b"404 Not found (account not found)\r\n\r\n"
