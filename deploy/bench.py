@@ -19,18 +19,13 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
-from gateway.accounts import hash_password
+from deploy.stack import running_stack
 from gateway.client import SMQPClient, SMQPError
-from schemas.config import load_config
 
 BODY_SIZE = 200
 # Separate accounts: every login of an account is sent its messages (spec section 3),
@@ -130,25 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="bench-results/skeleton.json", help="where to write the figures")
     args = parser.parse_args(argv)
 
-    workdir = tempfile.mkdtemp(prefix="smqp-bench-")
-    broker = DevBroker(log_path=f"{workdir}/broker.log").start()
-    config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
-                         gateway={"port": free_port()})
-    create_topics(config.kafka)
-    config_file = Path(workdir, "smqp.toml")
-    config_file.write_text("[accounts]\n" + "".join(
-        f'{name} = "{hash_password(password)}"\n' for name, password in (PUBLISHER, SUBSCRIBER)))
-    env = dict(os.environ, SMQP_CONFIG=str(config_file), SMQP_DATA_DIR=config.data_dir,
-               SMQP_KAFKA_BOOTSTRAP=broker.bootstrap, SMQP_GATEWAY_PORT=str(config.gateway.port),
-               PYSPARK_PYTHON=sys.executable)
-    logs = {name: open(f"{workdir}/{name}.log", "wb") for name in ("job", "gateway")}
-    children = [subprocess.Popen([sys.executable, "-m", module], env=env, stdout=logs[name],
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-                for name, module in (("job", "streaming.job"), ("gateway", "gateway.server"))]
-    host, port = config.gateway.host, config.gateway.port
-    try:
-        wait_for_port(host, port, 90)
-        print(f"stack up (logs in {workdir}); warming up the streaming job ...", flush=True)
+    with running_stack(dict([PUBLISHER, SUBSCRIBER])) as stack:
+        config = stack.config
+        host, port = stack.address
+        print(f"stack up (logs in {stack.workdir}); warming up the streaming job ...", flush=True)
         asyncio.run(latency(host, port, rate=20, duration=5))
         print(f"ingest: {args.messages} x {BODY_SIZE} B, {args.publishers} publishers ...", flush=True)
         ingest_result = asyncio.run(ingest(host, port, args.messages, args.publishers, args.window))
@@ -157,14 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  job committed the ingest backlog {drained:.1f} s after the last PUB reply", flush=True)
         print(f"latency: {args.rate:g} msg/s for {args.duration:g} s ...", flush=True)
         latency_result = asyncio.run(latency(host, port, args.rate, args.duration))
-    finally:
-        for child in reversed(children):
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        broker.stop()
     results = {"machine": f"{os.cpu_count()} cores", "ingest": ingest_result, "latency": latency_result}
     print("\n| figure | value |\n|---|---|")
     print(f"| PUB throughput, one gateway, {args.publishers} publishers | {ingest_result['msgs_per_s']} msg/s |")

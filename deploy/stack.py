@@ -1,0 +1,81 @@
+"""The whole engine as child processes on 127.0.0.1, for scripts (benchmark, soak run).
+
+``running_stack(accounts)`` starts the dev broker, the streaming job and one
+gateway (each its own process, logs in a work directory), yields a
+:class:`Stack`, and stops them all (SIGTERM, then SIGKILL) however the block
+ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from gateway.accounts import hash_password
+from schemas.config import SMQPConfig, load_config
+
+
+@dataclass
+class Stack:
+    config: SMQPConfig
+    workdir: str
+    children: dict[str, subprocess.Popen]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.config.gateway.host, self.config.gateway.port
+
+
+def peak_memory_mb(pid: int) -> float:
+    """Peak resident memory (VmHWM) of ``pid`` and all its descendants (the job's JVM), in MiB."""
+    total_kb = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total_kb += int(line.split()[1])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+    return round(total_kb / 1024, 1)
+
+
+@contextlib.contextmanager
+def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Iterator[Stack]:
+    """Broker, job and gateway with ``accounts`` (name → password, hashed here)."""
+    workdir = tempfile.mkdtemp(prefix="smqp-stack-")
+    broker = DevBroker(log_path=f"{workdir}/broker.log").start()
+    children: dict[str, subprocess.Popen] = {}
+    try:
+        config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
+                             gateway={"port": free_port()})
+        create_topics(config.kafka)
+        config_file = Path(workdir, "smqp.toml")
+        config_file.write_text("[accounts]\n" + "".join(
+            f'{name} = "{hash_password(password, iterations=iterations)}"\n' for name, password in accounts.items()))
+        env = dict(os.environ, SMQP_CONFIG=str(config_file), SMQP_DATA_DIR=config.data_dir,
+                   SMQP_KAFKA_BOOTSTRAP=broker.bootstrap, SMQP_GATEWAY_PORT=str(config.gateway.port),
+                   PYSPARK_PYTHON=sys.executable)
+        for name, module in (("job", "streaming.job"), ("gateway", "gateway.server")):
+            children[name] = subprocess.Popen([sys.executable, "-m", module], env=env,
+                                              stdout=open(f"{workdir}/{name}.log", "wb"),
+                                              stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_port(config.gateway.host, config.gateway.port, 90)
+        yield Stack(config, workdir, children)
+    finally:
+        for child in reversed(list(children.values())):
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+        broker.stop()
