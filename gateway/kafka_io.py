@@ -128,7 +128,7 @@ def read_acks_since(config: KafkaConfig, offsets: dict[str, int], timeout: float
 
 
 #: Record prefixes of the commands the registry does not fold (skipped undecoded).
-_NOT_CONTROL = (b'{"type":"publish"', b'{"type":"ack"')
+_NOT_CONTROL = (b'{"type":"publish"', b'{"type":"ack"', b'{"type":"tick"')
 
 
 class _Tail:

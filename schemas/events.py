@@ -6,7 +6,8 @@ which the job routes, and the control events the gateways' topic registry
 folds (:class:`CreateTopic`, :class:`RemoveTopic`, :class:`RenameTopic`,
 :class:`SetTopicKeywords`, :class:`SetLogin`, :class:`Watch`,
 :class:`Unwatch`, :class:`SetServerTimeout`, :class:`Sync`), which the job
-ignores.  Every event that changes the registry (and ``Sync``) goes to
+ignores, and the job's own :class:`Tick` (its clock), which the gateways
+ignore.  Every event that changes the registry (and ``Sync``) goes to
 partition 0, so all gateways fold them in one order.
 ``smqp.deliveries`` (written by the job, tailed by gateways) carries
 :class:`Deliver`, :class:`Acked` and :class:`Progress`.
@@ -225,6 +226,20 @@ class Sync(_Event):
 
 
 @dataclass
+class Tick(_Event):
+    """The streaming job's clock (commands partition 0, every ``streaming.tick_interval_s``).
+
+    Micro-batches only run when commands arrive; ticks make time-based rules
+    (expiry) fire with no traffic.  A batch's "now" is the largest tick ``at``
+    or ``accepted_at`` it holds, so a replayed batch decides the same way.
+    Gateways ignore ticks.
+    """
+
+    TYPE: ClassVar[str] = "tick"
+    at: int  # microseconds since the epoch, the job's clock
+
+
+@dataclass
 class Deliver(_Event):
     """The job routed message ``smuid`` to ``account``: NOTIFY it until acknowledged."""
 
@@ -261,7 +276,7 @@ class Progress(_Event):
 EVENT_TYPES: dict[str, type[_Event]] = {
     cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, CreateTopic, RemoveTopic, RenameTopic,
                               SetTopicKeywords, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
-                              Deliver, Acked, Progress)
+                              Tick, Deliver, Acked, Progress)
 }
 
 #: Events the gateways' registry folds; they travel on commands partition 0.

@@ -55,6 +55,8 @@ COMMAND_EVENT = _struct(
     ("sections", ArrayType(SECTION_JSON)),
     ("since", LongType()),  # subscribe: microseconds, or null
     ("until", LongType()),
+    ("expires_at", LongType()),  # publish: microseconds, or null for a state message
+    ("at", LongType()),  # tick: the job's clock, microseconds
 )
 
 #: Delta table ``messages``: every accepted publish, once.
@@ -71,6 +73,7 @@ MESSAGES_TABLE = _struct(
     ("kafka_partition", IntegerType()),
     ("kafka_offset", LongType()),
     ("batch_id", LongType()),
+    ("expires_at", TimestampType()),  # null: a state message (never expires)
 )
 
 #: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.
@@ -88,22 +91,42 @@ SUBSCRIPTIONS_TABLE = _struct(
 )
 
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
+#: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
+#: (its message's expiry passed unacknowledged), or "unrouted" for the row with account ``''``
+#: that stands for a message which reached no subscriber, until it expires.
+#: ``expires_at``: the message's (null: a state message), so expiry needs no join.
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),
     ("topic", StringType()),
     ("priority", IntegerType()),
-    ("status", StringType()),  # "pending" | "acked" | "sent" (not guaranteed: never acknowledged)
+    ("status", StringType()),
     ("routed_at", TimestampType()),
     ("routed_batch_id", LongType()),
     ("acked_at", TimestampType()),
     ("acked_guid", StringType()),
+    ("expires_at", TimestampType()),
+)
+
+#: Delta table ``trash``: every dead message, once, with why and when (``trash_topic`` = ``<topic>/Trash``).
+TRASH_TABLE = _struct(
+    ("smuid", LongType()),
+    ("topic", StringType()),
+    ("trash_topic", StringType()),
+    ("reason", StringType()),  # "expired"
+    ("trashed_at", TimestampType()),  # the job's "now" of the batch that trashed it
+    ("publisher", StringType()),
+    ("cmuid", StringType()),
+    ("headers", HEADERS),
+    ("sections", ArrayType(SECTION_JSON)),
+    ("batch_id", LongType()),
 )
 
 TABLES: dict[str, StructType] = {
     "messages": MESSAGES_TABLE,
     "subscriptions": SUBSCRIPTIONS_TABLE,
     "deliveries": DELIVERIES_TABLE,
+    "trash": TRASH_TABLE,
 }
 
 

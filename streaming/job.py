@@ -17,6 +17,7 @@ from schemas.config import SMQPConfig, load_config
 from streaming.metrics import attach_metrics, flush_metrics
 from streaming.session import build_session
 from streaming.sink import CommandSink
+from streaming.ticker import Ticker
 
 log = logging.getLogger("streaming.job")
 
@@ -30,7 +31,9 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     ``available_now=True`` processes what the topic holds now and stops.
     Pass ``sink`` to keep a handle on it (its ``close()`` releases the producer).
     ``metrics`` records every micro-batch's progress to the ``metrics`` Delta
-    table (:mod:`streaming.metrics`).
+    table (:mod:`streaming.metrics`).  Unless ``available_now``, a
+    :class:`~streaming.ticker.Ticker` (``query.ticker``) appends the job's clock
+    to the commands topic every ``streaming.tick_interval_s`` while the query runs.
     """
     kafka, streaming = config.kafka, config.streaming
     records = (
@@ -52,7 +55,10 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=trigger_interval or streaming.trigger_interval)
-    return writer.start()
+    query = writer.start()
+    if not available_now and streaming.tick_interval_s > 0:
+        query.ticker = Ticker(config, alive=lambda: query.isActive).start()  # ends with the query
+    return query
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     finally:
+        if query is not None and getattr(query, "ticker", None) is not None:
+            query.ticker.stop()
         if query is not None and query.isActive:
             query.stop()
         flush_metrics(spark)  # the last rows, before the listener bus stops with the session

@@ -41,6 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    BooleanType,
     IntegerType,
     LongType,
     StringType,
@@ -49,7 +50,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from schemas.spark import COMMAND_EVENT, HEADERS, SECTION_JSON
+from schemas.spark import COMMAND_EVENT, HEADERS, MESSAGES_TABLE, SECTION_JSON, TRASH_TABLE
 
 #: Total order of commands within a batch (and across batches on one partition).
 SEQ = StructType([
@@ -91,6 +92,7 @@ DELIVERIES = StructType([
     StructField("headers", HEADERS, True),
     StructField("sections", ArrayType(SECTION_JSON), True),
     StructField("seq", SEQ, True),
+    StructField("expires_at", LongType(), True),  # microseconds, as in the event; null: a state message
 ])
 
 #: Output of :func:`extract_acks` (``seq``: where the ACK was in the commands log).
@@ -100,6 +102,22 @@ ACKS = StructType([
     StructField("acked_at", TimestampType(), True),
     StructField("acked_guid", StringType(), True),
     StructField("seq", SEQ, True),
+])
+
+#: The stored deliveries expiry looks at (``deliveries`` Delta rows with status pending or unrouted).
+PENDING = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("status", StringType(), True),
+    StructField("expires_at", TimestampType(), True),
+])
+
+#: Output of :func:`expiring`: the deliveries whose message expired in this batch, unacknowledged.
+#: ``account`` is ``''`` for a message that reached no subscriber; ``is_new``: routed in this batch.
+EXPIRING = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("is_new", BooleanType(), True),
 ])
 
 #: Output of :func:`deliver_records` / :func:`acked_records`: a Kafka record to produce,
@@ -302,33 +320,43 @@ def account_topic_owner_sql(topic: str) -> str:
     return f"regexp_extract(lower({topic}), '^/accounts/([^/]+)$', 1)"
 
 
-def route_sql(events: str, intervals: str) -> str:
-    """SQL of :func:`route` over the relations ``events`` and ``intervals``.
+def route_all_sql(events: str, intervals: str) -> str:
+    """SQL: :func:`route`'s rows, plus one row of account ``''`` for each publish that reached nobody
+    and can expire (``expires_at`` not null): :func:`unrouted` from the same pass.
 
     Account-topic owners come out of the same join: each publish's row for its
     own topic (one per publish among its candidate patterns) also names the
     owner, and the join is LEFT so that row survives with no subscriber.  A
     second pass over the publishes instead cost ~20 % of a micro-batch.
+    ``_reached`` (a window per smuid) tells the publishes that reached nobody;
+    the per-(account, smuid) window after it needs no shuffle of its own.
     """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
-    SELECT _to AS account, smuid, topic, cmuid, publisher, publisher_guid, accepted_at, priority, headers, sections,
-           seq
+    SELECT CASE WHEN _reached THEN _to ELSE '' END AS account, smuid, topic, cmuid, publisher, publisher_guid,
+           accepted_at, priority, headers, sections, seq, expires_at
     FROM (
-      SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
-      FROM (
-        SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
-               sections, seq, {_micros_to_ts("accepted_at")} AS _at, {account_topic_owner_sql("topic")} AS _owner,
-               explode({candidate_patterns_sql("topic")}) AS _pattern
-        FROM {publishes}
-      ) p
-      LEFT JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq, since, until FROM {intervals}) s
-      ON p._pattern = s._pattern
-         AND (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)
-         AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until))
-    WHERE _to <> ''))
+      SELECT *, bool_or(coalesce(_to <> '', FALSE)) OVER (PARTITION BY smuid) AS _reached FROM (
+        SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
+        FROM (
+          SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
+                 sections, seq, expires_at, {_micros_to_ts("accepted_at")} AS _at,
+                 {account_topic_owner_sql("topic")} AS _owner, explode({candidate_patterns_sql("topic")}) AS _pattern
+          FROM {publishes}
+        ) p
+        LEFT JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq, since, until FROM {intervals}) s
+        ON p._pattern = s._pattern
+           AND (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)
+           AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until)))
+    WHERE coalesce(_to <> '', FALSE) OR (NOT _reached AND expires_at IS NOT NULL)))
 WHERE _d = 1"""
+
+
+def route_sql(events: str, intervals: str) -> str:
+    """SQL of :func:`route` over the relations ``events`` and ``intervals`` (:func:`route_all_sql`'s
+    rows that name a subscriber)."""
+    return f"SELECT * FROM ({route_all_sql(events, intervals)}) WHERE account <> ''"
 
 
 def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
@@ -385,7 +413,7 @@ def message_rows_sql(events: str, batch_id: int) -> str:
     """SQL of :func:`message_rows` over the relation ``events``."""
     return f"""SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, priority, headers, sections,
        {_micros_to_ts("accepted_at")} AS accepted_at, kafka_partition, kafka_offset,
-       {sql_literal(batch_id)} AS batch_id
+       {sql_literal(batch_id)} AS batch_id, {_micros_to_ts("expires_at")} AS expires_at
 FROM {_first_per("smuid", "seq", events, "type = 'publish'")}"""
 
 
@@ -417,34 +445,176 @@ def settled(acks: DataFrame, deliveries: DataFrame) -> DataFrame:
     return run_sql(settled_sql("{acks}", "{deliveries}"), {"acks": acks, "deliveries": deliveries})
 
 
-def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime) -> str:
-    """SQL of :func:`delivery_updates` over the relations ``deliveries`` and ``acks``."""
+def empty_sql(schema: StructType) -> str:
+    """SQL: an empty relation with the columns of ``schema`` (stands in for a relation with no rows)."""
+    columns = ", ".join(f"CAST(NULL AS {f.dataType.simpleString()}) AS `{f.name}`" for f in schema.fields)
+    return f"(SELECT {columns} WHERE FALSE)"
+
+
+def _expired(expires_at: str, now: int | None, micros: bool = True) -> str:
+    """SQL: true when ``expires_at`` (microseconds, or a timestamp when not ``micros``) is at or
+    before ``now`` (microseconds); never for a null ``expires_at`` (a state message) or ``now``."""
+    if now is None:
+        return "FALSE"
+    bound = sql_literal(now) if micros else f"timestamp_micros({sql_literal(now)})"
+    return f"coalesce({expires_at} <= {bound}, FALSE)"
+
+
+def unrouted_sql(events: str, routed: str) -> str:
+    """SQL of :func:`unrouted` over the relations ``events`` and ``routed``."""
+    return f"""SELECT p.smuid, p.topic, p.priority, p.expires_at
+FROM {_first_per("smuid", "seq", events, "type = 'publish'")} p LEFT ANTI JOIN {routed} r ON p.smuid = r.smuid
+WHERE p.expires_at IS NOT NULL"""
+
+
+def unrouted(events: DataFrame, routed: DataFrame) -> DataFrame:
+    """Publishes of the batch that reached no subscriber and can expire: (smuid, topic, priority, expires_at).
+
+    Each is kept as a ``deliveries`` row with account ``''`` and status
+    ``unrouted`` (see :func:`delivery_updates`) until it expires into the
+    Trash; a state message (no ``expires_at``) never does, so it needs none.
+    The sink takes the same rows from :func:`route_all_sql` (:func:`unrouted_of_sql`),
+    saving a join.
+    """
+    return run_sql(unrouted_sql("{events}", "{routed}"), {"events": events, "routed": routed})
+
+
+def unrouted_of_sql(routed_all: str) -> str:
+    """SQL: :func:`unrouted`'s rows out of the relation ``routed_all`` (:func:`route_all_sql`)."""
+    return f"SELECT smuid, topic, priority, expires_at FROM {routed_all} WHERE account = ''"
+
+
+def expiring_sql(routed: str, unrouted: str, acks: str, pending: str, now: int | None) -> str:
+    """SQL of :func:`expiring` over the relations ``routed``, ``unrouted``, ``acks`` and ``pending``."""
+    return f"""SELECT r.account, r.smuid, TRUE AS is_new
+FROM {routed} r LEFT ANTI JOIN {acks} a ON r.account = a.account AND r.smuid = a.smuid
+WHERE NOT {unguaranteed_sql("r.headers")} AND {_expired("r.expires_at", now)}
+UNION ALL
+SELECT '' AS account, u.smuid, TRUE AS is_new FROM {unrouted} u WHERE {_expired("u.expires_at", now)}
+UNION ALL
+SELECT p.account, p.smuid, FALSE AS is_new
+FROM (SELECT * FROM {pending} q LEFT ANTI JOIN {routed} r ON q.account = r.account AND q.smuid = r.smuid) p
+LEFT ANTI JOIN {acks} a ON p.account = a.account AND p.smuid = a.smuid
+WHERE p.status IN ('pending', 'unrouted') AND {_expired("p.expires_at", now, micros=False)}"""
+
+
+def expiring(routed: DataFrame, unrouted: DataFrame, acks: DataFrame, pending: DataFrame,
+             now: int | None) -> DataFrame:
+    """The deliveries whose message expires in this batch, unacknowledged → :data:`EXPIRING`.
+
+    ``now`` (microseconds) is the batch's clock: the largest tick or
+    ``accepted_at`` it holds, so a replay decides the same way.  A message
+    expires when ``expires_at <= now``; a state message (null ``expires_at``)
+    never does.  Expiring are: this batch's guaranteed deliveries
+    (:data:`DELIVERIES`, ``routed``) of an already expired message, unless the
+    batch also holds their ACK; this batch's :func:`unrouted` publishes
+    (account ``''``); and the stored ``pending`` rows (:data:`PENDING`: status
+    ``pending`` or ``unrouted``) the batch neither acknowledges nor routes
+    anew.  A delivery of a non-guaranteed message is settled when sent and
+    never expires.
+    """
+    return run_sql(expiring_sql("{routed}", "{unrouted}", "{acks}", "{pending}", now),
+                   {"routed": routed, "unrouted": unrouted, "acks": acks, "pending": pending})
+
+
+def live_sql(routed: str, expiring: str) -> str:
+    """SQL of :func:`live` over the relations ``routed`` and ``expiring``."""
+    return f"""SELECT * FROM {routed} r
+WHERE NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.is_new AND e.account = r.account AND e.smuid = r.smuid)"""
+
+
+def live(routed: DataFrame, expiring: DataFrame) -> DataFrame:
+    """This batch's deliveries minus those already expired (:func:`expiring`): the ones to send."""
+    return run_sql(live_sql("{routed}", "{expiring}"), {"routed": routed, "expiring": expiring})
+
+
+def _trashed_at(now: int | None) -> str:
+    return "CAST(NULL AS TIMESTAMP)" if now is None else f"timestamp_micros({sql_literal(now)})"
+
+
+def trash_sql(expiring: str, messages: str, now: int | None, batch_id: int) -> str:
+    """SQL of :func:`trash` over the relations ``expiring`` and ``messages``."""
+    return f"""SELECT m.smuid, m.topic, concat(m.topic, '/Trash') AS trash_topic, 'expired' AS reason,
+       {_trashed_at(now)} AS trashed_at, m.publisher, m.cmuid, m.headers, m.sections,
+       {sql_literal(batch_id)} AS batch_id
+FROM (SELECT DISTINCT smuid FROM {expiring}) e
+JOIN {_first_per("smuid", "batch_id", messages)} m ON e.smuid = m.smuid"""
+
+
+def trash(expiring: DataFrame, messages: DataFrame, now: int | None, batch_id: int) -> DataFrame:
+    """Messages with an :func:`expiring` delivery → ``TRASH_TABLE`` rows, one per message.
+
+    ``messages`` has the ``MESSAGES_TABLE`` columns (this batch's rows and the
+    stored rows of the expiring messages).  A message lands in its topic's
+    Trash (``<topic>/Trash``) with reason ``expired`` when its expiry passes
+    while one of its deliveries is unacknowledged, or when it reached no
+    subscriber; a fully acknowledged message has no pending delivery left and
+    never does.  ``trashed_at`` is the batch's ``now``.
+    """
+    return run_sql(trash_sql("{expiring}", "{messages}", now, batch_id),
+                   {"expiring": expiring, "messages": messages})
+
+
+def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
+                         now: int | None = None, unrouted: str | None = None, expiring: str | None = None) -> str:
+    """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
+    ``expiring``: empty when None)."""
+    unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
+                                                 StructField("priority", IntegerType()),
+                                                 StructField("expires_at", LongType())]))
+    expiring = expiring or empty_sql(EXPIRING)
+    routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
-            WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked' ELSE 'pending' END AS status,
-       {sql_literal(routed_at)} AS routed_at, {sql_literal(batch_id)} AS routed_batch_id,
-       a.acked_at, a.acked_guid, TRUE AS is_new
+            WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked'
+            WHEN {_expired("d.expires_at", now)} THEN 'expired' ELSE 'pending' END AS status,
+       {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
+       a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, TRUE AS is_new
 FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
+UNION ALL
+SELECT '' AS account, u.smuid, u.topic, u.priority,
+       CASE WHEN {_expired("u.expires_at", now)} THEN 'expired' ELSE 'unrouted' END AS status,
+       {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       {_micros_to_ts("u.expires_at")} AS expires_at, TRUE AS is_new
+FROM {unrouted} u
 UNION ALL
 SELECT a.account, a.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'acked' AS status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
-       a.acked_at, a.acked_guid, FALSE AS is_new
-FROM {acks} a LEFT ANTI JOIN {deliveries} d ON a.account = d.account AND a.smuid = d.smuid"""
+       a.acked_at, a.acked_guid, CAST(NULL AS TIMESTAMP) AS expires_at, FALSE AS is_new
+FROM {acks} a LEFT ANTI JOIN {deliveries} d ON a.account = d.account AND a.smuid = d.smuid
+UNION ALL
+SELECT e.account, e.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'expired' AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, FALSE AS is_new
+FROM {expiring} e WHERE NOT e.is_new"""
 
 
-def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int,
-                     routed_at: datetime) -> DataFrame:
-    """New deliveries and acks → the source of the ``deliveries`` merge.
+def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
+                     now: int | None = None, unrouted: DataFrame | None = None,
+                     expiring: DataFrame | None = None) -> DataFrame:
+    """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
     ``is_new`` rows, already ``acked`` when this batch also holds their ACK,
-    ``sent`` for a non-guaranteed message (:func:`unguaranteed_sql`);
-    ACKs for deliveries of earlier batches are ``is_new = false`` rows with
-    status ``acked`` (they update a matching row and are never inserted).  One
-    row per (account, smuid).
+    ``sent`` for a non-guaranteed message (:func:`unguaranteed_sql`),
+    ``expired`` when their message's ``expires_at <= now``;
+    :func:`unrouted` publishes are ``is_new`` rows of account ``''``, status
+    ``unrouted`` (``expired`` once past).  ACKs for deliveries of earlier
+    batches are ``is_new = false`` rows with status ``acked``, and stored
+    deliveries that expire now (:func:`expiring`, not ``is_new``) are
+    ``is_new = false`` rows with status ``expired``: they update a matching row
+    and are never inserted.  One row per (account, smuid).
     """
-    return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at),
-                   {"deliveries": deliveries, "acks": acks})
+    frames = {"deliveries": deliveries, "acks": acks}
+    if unrouted is not None:
+        frames["unrouted"] = unrouted
+    if expiring is not None:
+        frames["expiring"] = expiring
+    return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
+                                        "{unrouted}" if unrouted is not None else None,
+                                        "{expiring}" if expiring is not None else None), frames)
 
 
 # -- records for smqp.deliveries
@@ -482,3 +652,17 @@ FROM {acks}"""
 def acked_records(acks: DataFrame) -> DataFrame:
     """ACKs (:data:`ACKS` plus their ``seq``) → ``smqp.deliveries`` records: key = account, value = Acked JSON."""
     return run_sql(acked_records_sql("{acks}"), {"acks": acks})
+
+
+def expired_records_sql(expiring: str) -> str:
+    """SQL of :func:`expired_records` over the relation ``expiring``."""
+    return f"""SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid)) AS value,
+       CAST(NULL AS {_SEQ_DDL}) AS seq
+FROM {expiring} WHERE NOT is_new AND account <> ''"""
+
+
+def expired_records(expiring: DataFrame) -> DataFrame:
+    """Stored deliveries that expired (:func:`expiring`, not ``is_new``) → ``Acked`` records, so the
+    gateways drop them from their books (this batch's expired deliveries were never sent)."""
+    return run_sql(expired_records_sql("{expiring}"), {"expiring": expiring})

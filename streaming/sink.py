@@ -34,12 +34,14 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Schema, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, LongType, StringType, StructField,
+                               StructType)
 
 from schemas.config import SMQPConfig
-from schemas.spark import DELIVERIES_TABLE, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, arrow_schema
+from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, TRASH_TABLE,
+                           arrow_schema)
 from streaming import routing
 
 log = logging.getLogger(__name__)
@@ -78,10 +80,18 @@ OUTPUTS: dict[str, StructType] = {
     "progress": PROGRESS,
     "deliver": routing.KAFKA_OUT,
     "acked": routing.KAFKA_OUT,
+    "expired": routing.KAFKA_OUT,
     "messages": MESSAGES_TABLE,
+    "trash": TRASH_TABLE,
     "deliveries": StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), True)]),
     "subscriptions": SUBSCRIPTIONS_TABLE,
 }
+
+_UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
+                        StructField("priority", IntegerType()), StructField("expires_at", LongType())])
+
+#: The columns of the stored messages the Trash needs.
+_TRASH_SOURCE = ["smuid", "topic", "cmuid", "publisher", "headers", "sections", "batch_id"]
 
 
 def _ddl(kind: DataType) -> str:
@@ -103,24 +113,43 @@ def _as_struct(kind: StructType) -> str:
     return f"CAST(named_struct({fields}) AS {_ddl(kind)})"
 
 
-def batch_sql(batch_id: int, routed_at: datetime) -> str:
-    """The whole batch as one query over the relations ``{records}`` and ``{current}``.
+def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True)) -> str:
+    """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
+    (stored deliveries that may expire, :data:`routing.PENDING`) and ``{stored}`` (their stored
+    messages, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`).
 
     Each routing transform is a CTE of its own SQL (``routing.*_sql``, the text
     the public transforms run); every output is a struct column of its
-    :data:`OUTPUTS` type, null except in the rows of its ``kind``.
+    :data:`OUTPUTS` type, null except in the rows of its ``kind``.  ``now`` is
+    the batch's clock (:func:`batch_now`).  ``expiry`` says whether a delivery
+    routed in this batch, and whether a stored one, can expire (:func:`may_expire`);
+    what cannot is left out of the plan (the whole of expiry would cost every
+    micro-batch about twice as many shuffles).
     """
+    new, stored = expiry
+    source = ", ".join(_TRASH_SOURCE)
     ctes = {
         "events": routing.parse_commands_sql("{records}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
-        "routed": routing.route_sql("events", "intervals"),
+        "routed_all": routing.route_all_sql("events", "intervals"),
+        "routed": "SELECT * FROM routed_all WHERE account <> ''",
         "acks": routing.extract_acks_sql("events"),
+        "unrouted": routing.unrouted_of_sql("routed_all"),
+        "expiring": (routing.expiring_sql("routed" if new else routing.empty_sql(routing.DELIVERIES),
+                                          "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
+                                          "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
+                     if new or stored else routing.empty_sql(routing.EXPIRING)[1:-1]),
+        "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
-        "out_deliver": routing.deliver_records_sql("routed"),
-        "settled": routing.settled_sql("acks", "routed"),
+        "out_deliver": routing.deliver_records_sql("live"),
+        "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
+        "out_expired": routing.expired_records_sql("expiring"),
         "out_messages": routing.message_rows_sql("events", batch_id),
-        "out_deliveries": routing.delivery_updates_sql("routed", "acks", batch_id, routed_at),
+        "all_messages": f"SELECT {source} FROM out_messages UNION ALL SELECT {source} FROM {{stored}}",
+        "out_trash": routing.trash_sql("expiring", "all_messages", now, batch_id),
+        "out_deliveries": routing.delivery_updates_sql("routed", "acks", batch_id, routed_at, now,
+                                                       "unrouted", "expiring"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -132,6 +161,59 @@ def batch_sql(batch_id: int, routed_at: datetime) -> str:
     ]
     return ("WITH " + ",\n".join(f"{name} AS (\n{sql}\n)" for name, sql in ctes.items())
             + "\n" + "\nUNION ALL\n".join(parts))
+
+
+_TICK = b'{"type":"tick"'
+
+
+def batch_now(records: pa.Table) -> int | None:
+    """The batch's clock (microseconds): the largest tick ``at`` or ``accepted_at`` among the
+    Kafka records ``records`` (their ``value`` column), None when none has one.
+
+    Read from the records themselves, so a replayed batch gets the same "now"
+    and expires the same messages (DESIGN Property 4).  The fields are found in
+    the JSON text: every event is encoded with its fields at the top level, and
+    nested strings are escaped, so ``"at":`` / ``"accepted_at":`` only match
+    the event's own fields.
+    """
+    if not records.num_rows:
+        return None
+    values = pc.cast(records.column("value"), pa.string())
+    found = []
+    for pattern in (r'^\{\s*"type"\s*:\s*"tick"\s*,\s*"at"\s*:\s*(?P<n>-?\d+)', r'"accepted_at"\s*:\s*(?P<n>-?\d+)'):
+        numbers = pc.struct_field(pc.extract_regex(values, pattern), [0])
+        found.append(pc.max(pc.cast(numbers, pa.int64())).as_py())
+    found = [n for n in found if n is not None]
+    return max(found) if found else None
+
+
+def may_expire(records: pa.Table, now: int | None, pending: pa.Table) -> tuple[bool, bool]:
+    """Whether a delivery of this batch (a publish whose ``expires_at`` is at or before ``now``),
+    and whether a stored one (``pending``, already read for ``now``), can expire in this batch.
+
+    Only an optimisation: what this rules out is left out of the batch's plan;
+    a publish it missed is stored ``pending`` and expires in a later batch.
+    """
+    if now is None:
+        return False, False
+    values = pc.cast(records.column("value"), pa.string())
+    expiries = pc.struct_field(pc.extract_regex(values, r'"expires_at"\s*:\s*(?P<n>-?\d+)'), [0])
+    earliest = pc.min(pc.cast(expiries, pa.int64())).as_py()
+    return earliest is not None and earliest <= now, pending.num_rows > 0
+
+
+def _only_ticks(records: pa.Table) -> bool:
+    """True when every record of the batch is a tick (nothing to route, only the clock moved)."""
+    values = records.column("value")
+    return bool(records.num_rows) and pc.all(pc.starts_with(pc.cast(values, pa.string()), _TICK.decode())).as_py()
+
+
+def _progress(records: pa.Table) -> list[dict]:
+    """:data:`PROGRESS` rows of a batch, computed from its records in Python (for tick-only batches)."""
+    grouped = records.group_by("partition").aggregate([("offset", "max"), ("offset", "count")])
+    return [{"partition": p, "end": m + 1, "records": n} for p, m, n in zip(
+        grouped.column("partition").to_pylist(), grouped.column("offset_max").to_pylist(),
+        grouped.column("offset_count").to_pylist())]
 
 
 def _by_seq(records: pa.Table) -> pa.Table:
@@ -223,9 +305,45 @@ class CommandSink:
             arrow = schema.empty_table()
         return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)
 
+    def expiry_candidates(self, now: int | None) -> pa.Table:
+        """Stored deliveries (:data:`routing.PENDING`) still ``pending`` or ``unrouted`` whose message
+        expires at or before ``now``.
+
+        Reads only those rows: delta-rs prunes files by their ``status`` and
+        ``expires_at`` statistics, so rows already settled and messages that
+        expire later mostly cost nothing.
+        """
+        schema = arrow_schema(routing.PENDING)
+        if now is None:
+            return schema.empty_table()
+        # delta-rs' own engine (DataFusion): merges write string_view columns, which pyarrow's
+        # dataset filters cannot compare with the table's string statistics.
+        reader = QueryBuilder().register("deliveries", self._table("deliveries")).execute(
+            f"SELECT {', '.join(schema.names)} FROM deliveries "
+            f"WHERE status IN ('pending', 'unrouted') AND expires_at <= to_timestamp_micros({int(now)})")
+        return pa.table(reader).cast(schema)
+
+    def stored_messages(self, smuids: list[int]) -> pa.Table:
+        """The stored ``messages`` rows (columns :data:`_TRASH_SOURCE`) of ``smuids``."""
+        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _TRASH_SOURCE]))
+        if not smuids:
+            return schema.empty_table()
+        arrow = self._table("messages").to_pyarrow_table(
+            columns=_TRASH_SOURCE, filters=[("smuid", ">=", min(smuids)), ("smuid", "<=", max(smuids))])
+        arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(smuids, pa.int64())))
+        return arrow.cast(schema)
+
+    def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
+        """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
+        (no py4j round trips for the common case: nothing expires)."""
+        if not arrow.num_rows:
+            return routing.empty_sql(schema)
+        return spark.createDataFrame(arrow, schema=schema)
+
     # -- the batch
 
-    def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime) -> dict[str, pa.Table]:
+    def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime,
+                records: pa.Table | None = None) -> dict[str, pa.Table]:
         """Every output of one batch, computed by the routing transforms in **one** Spark job.
 
         Spark pays a fixed cost per job and per stage that dwarfs the work of a
@@ -236,11 +354,22 @@ class CommandSink:
         calls (two temporary views, one ``spark.sql``).
         """
         spark = batch_df.sparkSession
+        arrow_records = batch_df.toArrow() if records is None else records
+        now = batch_now(arrow_records)
+        pending = self.expiry_candidates(now)
+        stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())))
         # One scan of the source: every branch of the query would otherwise re-read it.
-        records = spark.createDataFrame(batch_df.toArrow(), schema=batch_df.schema)
-        combined = routing.run_sql(batch_sql(batch_id, routed_at),
-                                   {"records": records, "current": self.current_subscriptions(spark)})
-        arrow = combined.toArrow()
+        frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
+                  "current": self.current_subscriptions(spark)}
+        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending))
+        for name, arrow, schema in (("pending", pending, routing.PENDING),
+                                    ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _TRASH_SOURCE]))):
+            relation = self._relation(spark, arrow, schema)
+            if isinstance(relation, str):
+                sql = sql.replace("{" + name + "}", relation)
+            else:
+                frames[name] = relation
+        arrow = routing.run_sql(sql, frames).toArrow()
         out = {}
         for kind in OUTPUTS:
             column = arrow.filter(pc.equal(arrow.column("kind"), kind)).column(kind)
@@ -254,23 +383,35 @@ class CommandSink:
         if self._done("subscriptions", batch_id):
             log.info("batch %d: already committed, skipped", batch_id)
             return
-        out = self.outputs(batch_df, batch_id, datetime.now(timezone.utc))
+        records = batch_df.toArrow()
+        if _only_ticks(records) and not self.expiry_candidates(batch_now(records)).num_rows:
+            # Only the clock moved and nothing expires: no Spark job, no commit; just the progress.
+            self._flush(self._progress({str(r["partition"]): r["end"] for r in _progress(records)}))
+            return
+        out = self.outputs(batch_df, batch_id, datetime.now(timezone.utc), records)
         computed = time.monotonic()
         progress = out["progress"].to_pylist()
         if not progress:
             return
         futures = self._emit(_by_seq(out["deliver"])) + self._emit(_by_seq(out["acked"]))
+        if out["expired"].num_rows:
+            # Expiry is decided from the deliveries table: once its commit marks them expired, a replay
+            # would not announce them again, so they must be out before that commit.
+            futures += self._emit(out["expired"])
+            self._flush(futures)
+            futures = []
         self._commit_messages(out["messages"], batch_id)
+        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
         self._commit_deliveries(out["deliveries"], batch_id)
         self._commit_subscriptions(out["subscriptions"], batch_id)
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
         done = time.monotonic()
-        log.info("batch %d: %d records in, %d deliveries, %d acks, %d ms (spark %d, delta %d)",
+        log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d ms (spark %d, delta %d)",
                  batch_id, sum(r["records"] for r in progress), out["deliver"].num_rows,
-                 out["acked"].num_rows, (done - started) * 1000, (computed - started) * 1000,
-                 (committed - computed) * 1000)
+                 out["acked"].num_rows, out["expired"].num_rows, out["trash"].num_rows,
+                 (done - started) * 1000, (computed - started) * 1000, (committed - computed) * 1000)
 
     # -- Kafka
 
@@ -319,9 +460,30 @@ class CommandSink:
             )
             .when_matched_update(
                 updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
-                predicate="s.status = 'acked' AND t.status <> 'acked'",
+                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired')",
+            )
+            .when_matched_update(
+                updates={"status": "s.status"},
+                predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted')",
             )
             .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
+            .execute()
+        )
+
+    def _commit_trash(self, arrow: pa.Table, batch_id: int) -> None:
+        """Insert the batch's Trash rows; a message already in the Trash is never added again."""
+        rows = _to_table(arrow, "trash")
+        if not rows.num_rows or (table := self._uncommitted("trash", batch_id)) is None:
+            return
+        smuids = rows.column("smuid")
+        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        (
+            table.merge(
+                rows, predicate=f"t.smuid = s.smuid AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}",
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id("trash"), batch_id),
+            )
+            .when_not_matched_insert_all()
             .execute()
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from datetime import datetime, timezone
@@ -202,3 +203,104 @@ def test_main_help_explains_the_job(capsys):
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert "--config" in text and "Delta" in text and "SIGTERM" in text
+
+
+# -- expiry and Trash
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def rows_of(config, name):
+    path = config.table_path(name)
+    return table(config, name) if DeltaTable.is_deltatable(path) else []
+
+
+def test_a_two_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_adds_no_row(spark, config, sink):
+    """Bob subscribed, then went offline: nothing acknowledges message 1, and no command arrives after
+    it; the job's ticks alone expire it 2 s later into ``/t/x/Trash``.  A message nobody subscribed to
+    goes there too; an acknowledged one and a state message never do."""
+    config = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, tick_interval_s=0.25))
+    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    try:
+        # a running job (its first batch is slow: Spark warms up) before the clock starts
+        wait_for(lambda: any(isinstance(e, ev.Progress) for _, e in deliveries_topic(config, 1, 90)), 90,
+                 "the first tick batch")
+        start = time.time_ns() // 1000
+        two_s = start + 2_000_000
+        produce(config, [
+            ev.Subscribe("bob", "gb", "/t/*", start),
+            ev.Publish(1, "/t/x", "c1", "alice", "ga", start + 1, expires_at=two_s),
+            ev.Publish(2, "/t/x", "c2", "alice", "ga", start + 2),  # state message
+            ev.Publish(3, "/t/x", "c3", "alice", "ga", start + 3, expires_at=two_s),
+            ev.Publish(4, "/u", "c4", "alice", "ga", start + 4, expires_at=two_s),  # no subscriber
+            ev.Ack("bob", "gb", 3, start + 5),
+        ])
+        trash = wait_for(lambda: len(rows_of(config, "trash")) == 2 and rows_of(config, "trash"), 60,
+                         "two messages in the trash table")
+        assert query.ticker.sent >= 1
+    finally:
+        query.stop()
+    assert time.time_ns() // 1000 >= two_s
+    assert sorted((t["smuid"], t["topic"], t["trash_topic"], t["reason"], t["publisher"], t["cmuid"])
+                  for t in trash) == [(1, "/t/x", "/t/x/Trash", "expired", "alice", "c1"),
+                                      (4, "/u", "/u/Trash", "expired", "alice", "c4")]
+    expires = datetime.fromtimestamp(two_s / 1e6, timezone.utc)
+    assert all(t["trashed_at"] >= expires for t in trash)
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("", 4, "expired"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "acked")]
+    assert {m["smuid"]: m["expires_at"] for m in table(config, "messages")} == {
+        1: expires, 2: None, 3: expires, 4: expires}
+    # the gateways are told to drop it from their books, after its Deliver
+    def delivered_then_dropped():
+        out = [e for _, e in deliveries_topic(config, at_least=1)]
+        one = [type(e).__name__ for e in out if isinstance(e, (ev.Deliver, ev.Acked)) and e.smuid == 1]
+        return one == ["Deliver", "Acked"] and out
+
+    out = wait_for(delivered_then_dropped, 30, "Deliver then Acked of message 1 on the deliveries topic")
+
+    # restart on the same checkpoint: more ticks, more batches, no new Trash row
+    ticks_before = len([e for e in out if isinstance(e, ev.Progress)])
+    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    try:
+        wait_for(lambda: len([e for _, e in deliveries_topic(config, at_least=1) if isinstance(e, ev.Progress)])
+                 > ticks_before + 2, 60, "batches after the restart")
+    finally:
+        query.stop()
+    assert len(table(config, "trash")) == 2
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("", 4, "expired"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "acked")]
+
+
+def test_expiry_replayed_after_a_crash_between_trash_and_deliveries_trashes_once(spark, config, sink, monkeypatch):
+    sink(batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0),
+                             ev.Publish(1, "/t", "c1", "alice", "ga", T0 + 1, expires_at=T0 + 100),
+                             ev.Publish(2, "/u", "c2", "alice", "ga", T0 + 2, expires_at=T0 + 100)]), 0)
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("", 2, "unrouted"), ("bob", 1, "pending")]
+    ticks = batch_frame(spark, [ev.Tick(T0 + 99), ev.Tick(T0 + 100)], 3)
+    real = CommandSink._commit_deliveries
+
+    def crash(self, frame, batch_id):
+        raise RuntimeError("crash before the deliveries commit")
+
+    monkeypatch.setattr(CommandSink, "_commit_deliveries", crash)
+    with pytest.raises(RuntimeError, match="crash"):
+        sink(ticks, 1)
+    assert sorted(t["smuid"] for t in table(config, "trash")) == [1, 2]  # committed before the crash
+    monkeypatch.setattr(CommandSink, "_commit_deliveries", real)
+    sink(ticks, 1)  # the replay: the trash commit is skipped, the deliveries commit done
+    sink(ticks, 1)  # and once more: everything committed already
+    sink(batch_frame(spark, [ev.Tick(T0 + 200)], 5), 2)  # later ticks find nothing left to expire
+    assert sorted(t["smuid"] for t in table(config, "trash")) == [1, 2]
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("", 2, "expired"), ("bob", 1, "expired")]
+    acked = [e for _, e in deliveries_topic(config, at_least=1) if isinstance(e, ev.Acked)]
+    assert acked and {(e.account, e.smuid) for e in acked} == {("bob", 1)}

@@ -10,6 +10,7 @@ import pytest
 from chispa import assert_df_equality
 
 from schemas import events as ev
+from schemas import spark as schemas_spark
 from schemas.spark import DELIVERIES_TABLE, KAFKA_RECORD, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE
 from schemas.topics import parse_pattern
 from streaming import routing
@@ -42,10 +43,10 @@ def make_seq(offset: int):
 
 def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
           cmuid=None, priority=None, headers=None, sections=None, since=None, until=None,
-          accepted=None) -> tuple:
+          accepted=None, expires_at=None, tick_at=None) -> tuple:
     """One EVENTS row (field order of routing.EVENTS); accepted at ``accepted`` (an offset), else ``offset``."""
     return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset if accepted is None else accepted),
-            priority, headers, sections, since, until, seq(offset), 0, offset)
+            priority, headers, sections, since, until, expires_at, tick_at, seq(offset), 0, offset)
 
 
 def publish(offset, smuid, topic, account="pub", **kw):
@@ -79,9 +80,10 @@ def stored_sub(account, pattern, guid, active, subscribed_at, unsubscribed_at, b
     return (account, pattern, guid, active, subscribed_at, unsubscribed_at, since, until, batch_id)
 
 
-def delivery(account, smuid, topic, offset, publisher="pub", priority=0, accepted=None):
+def delivery(account, smuid, topic, offset, publisher="pub", priority=0, accepted=None, expires_at=None,
+             headers=()):
     return (account, smuid, topic, f"c{smuid}", publisher, "g", at(offset if accepted is None else accepted),
-            priority, [], [], seq(offset))
+            priority, [list(h) for h in headers], [], seq(offset), expires_at)
 
 
 @pytest.fixture
@@ -91,7 +93,9 @@ def frames(spark):
     class Frames:
         @staticmethod
         def events(*rows):
-            return spark.createDataFrame(list(rows), EVENTS)
+            # rows written before expires_at / at existed: those two are null
+            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 2 else r for r in rows]
+            return spark.createDataFrame(rows, EVENTS)
 
         @staticmethod
         def subs(*rows):
@@ -99,7 +103,9 @@ def frames(spark):
 
         @staticmethod
         def deliveries(*rows):
-            return spark.createDataFrame(list(rows), DELIVERIES)
+            # rows written before expires_at existed: a state message
+            rows = [r + (None,) if len(r) == len(DELIVERIES) - 1 else r for r in rows]
+            return spark.createDataFrame(rows, DELIVERIES)
 
         @staticmethod
         def of(schema, *rows):
@@ -436,9 +442,9 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
     schema = StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), False)])
     expected = frames.of(
         schema,
-        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", True),
-        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, True),
-        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", False),
+        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", None, True),
+        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, None, True),
+        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", None, False),
     )
     actual = routing.delivery_updates(deliveries, acks, 5, routed_at)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
@@ -446,7 +452,7 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
 
 def test_message_rows(frames):
     evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
-    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3))
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None))
     assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
 
 
@@ -489,3 +495,107 @@ def test_a_non_guaranteed_delivery_is_settled_when_sent(frames):
     statuses = {r.smuid: r.status for r in routing.delivery_updates(deliveries, acks, 5, routed_at).collect()}
     assert statuses == {1: "sent", 2: "acked", 3: "pending"}
     assert sorted(r.smuid for r in routing.settled(acks, deliveries).collect()) == [1, 2]
+
+
+# -- expiry and Trash
+
+NOW = at(10)  # the batch's clock (its last tick)
+
+
+def pending_rows(frames, *rows):
+    """Stored deliveries (routing.PENDING): (account, smuid, status, expires_at µs)."""
+    return frames.of(routing.PENDING, *[(a, s, st, None if e is None else T0 + timedelta(microseconds=e - US0))
+                                        for a, s, st, e in rows])
+
+
+def expiry(frames, deliveries, events, acks=(), pending=(), now=NOW):
+    """(expiring, unrouted) of a batch."""
+    routed = frames.deliveries(*deliveries)
+    unrouted = routing.unrouted(frames.events(*events), routed)
+    acks = frames.of(ACKS, *acks)
+    return routing.expiring(routed, unrouted, acks, pending_rows(frames, *pending), now), unrouted
+
+
+def test_expiry_boundary_of_new_deliveries_expires_at_now_but_not_one_microsecond_later(frames):
+    expiring, _ = expiry(frames, [delivery("bob", 1, "/t", 1, expires_at=NOW),
+                                  delivery("bob", 2, "/t", 2, expires_at=NOW + 1),
+                                  delivery("bob", 3, "/t", 3),  # state message
+                                  delivery("bob", 4, "/t", 4, expires_at=NOW - 5),
+                                  delivery("bob", 5, "/t", 5, expires_at=NOW - 5, headers=[("Guar", "NO")])],
+                         [publish(i, i, "/t", expires_at=NOW) for i in (1, 2, 3, 4, 5)])
+    assert_df_equality(expiring, frames.of(routing.EXPIRING, ("bob", 1, True), ("bob", 4, True)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+def test_expiry_boundary_of_stored_deliveries(frames):
+    expiring, _ = expiry(frames, [], [], pending=[
+        ("bob", 1, "pending", NOW), ("bob", 2, "pending", NOW + 1), ("bob", 3, "pending", None),
+        ("carol", 1, "pending", NOW), ("", 7, "unrouted", NOW - 1), ("", 8, "unrouted", NOW + 1),
+        ("bob", 9, "acked", NOW - 1), ("bob", 10, "expired", NOW - 1)])
+    assert_df_equality(expiring, frames.of(routing.EXPIRING, ("bob", 1, False), ("carol", 1, False),
+                                           ("", 7, False)),
+                       ignore_row_order=True, ignore_nullable=True)
+
+
+def test_expiry_without_a_clock_expires_nothing(frames):
+    expiring, _ = expiry(frames, [delivery("bob", 1, "/t", 1, expires_at=at(0))],
+                         [publish(1, 1, "/t", expires_at=at(0)), publish(2, 2, "/u", expires_at=at(0))],
+                         pending=[("bob", 9, "pending", at(0))], now=None)
+    assert expiring.count() == 0
+
+
+def test_an_ack_in_the_batch_wins_over_expiry_and_acked_messages_are_never_trashed(frames):
+    acks = [("bob", 1, ts(9), "gb", seq(9)), ("bob", 5, ts(9), "gb", seq(9))]
+    expiring, unrouted = expiry(frames, [delivery("bob", 1, "/t", 1, expires_at=NOW)],
+                                [publish(1, 1, "/t", expires_at=NOW)], acks=acks,
+                                pending=[("bob", 5, "pending", NOW - 1), ("bob", 6, "acked", NOW - 1)])
+    assert expiring.count() == 0
+    messages = routing.message_rows(frames.events(publish(1, 1, "/t", expires_at=NOW)), 3)
+    assert routing.trash(expiring, messages, NOW, 3).count() == 0
+
+
+def test_a_message_with_no_subscriber_is_kept_unrouted_then_trashed_at_expiry(frames):
+    publishes = [publish(1, 1, "/t", account="alice", expires_at=NOW + 1),  # later
+                 publish(2, 2, "/u", account="alice", expires_at=NOW),  # expires now
+                 publish(3, 3, "/u", account="alice"),  # state message: never
+                 publish(4, 4, "/v", account="alice", expires_at=NOW)]  # routed: not unrouted
+    routed_at = T0 + timedelta(hours=1)
+    routed = [delivery("bob", 4, "/v", 4, expires_at=NOW + 100)]
+    expiring, unrouted = expiry(frames, routed, publishes)
+    assert_df_equality(expiring, frames.of(routing.EXPIRING, ("", 2, True)), ignore_nullable=True)
+    updates = routing.delivery_updates(frames.deliveries(*routed), frames.of(ACKS), 5, routed_at, NOW,
+                                       unrouted, expiring)
+    assert sorted((r.account, r.smuid, r.status, r.is_new) for r in updates.collect()) == [
+        ("", 1, "unrouted", True), ("", 2, "expired", True), ("bob", 4, "pending", True)]
+
+    messages = routing.message_rows(frames.events(*publishes), 5)
+    expected = frames.of(schemas_spark.TRASH_TABLE,
+                         (2, "/u", "/u/Trash", "expired", ts(10), "alice", "c2", [], [], 5))
+    assert_df_equality(routing.trash(expiring, messages, NOW, 5), expected, ignore_nullable=True)
+
+    # a later batch: its clock passes the first message's expiry, read back from the stored rows
+    later, _ = expiry(frames, [], [], pending=[("", 1, "unrouted", NOW + 1)], now=NOW + 1)
+    assert_df_equality(later, frames.of(routing.EXPIRING, ("", 1, False)), ignore_nullable=True)
+    assert routing.expired_records(later).count() == 0  # nobody to tell
+
+
+def test_stored_deliveries_that_expire_are_updated_announced_and_trashed_once(frames):
+    routed_at = T0 + timedelta(hours=1)
+    expiring, unrouted = expiry(frames, [], [], pending=[("bob", 1, "pending", NOW), ("carol", 1, "pending", NOW)])
+    updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 6, routed_at, NOW, unrouted, expiring)
+    assert sorted((r.account, r.smuid, r.status, r.is_new) for r in updates.collect()) == [
+        ("bob", 1, "expired", False), ("carol", 1, "expired", False)]
+    records = routing.expired_records(expiring).collect()
+    assert records and all(r.seq is None for r in records)
+    assert sorted((r.key, ev.decode(r.value)) for r in records) == [
+        (b"bob", ev.Acked("bob", 1)), (b"carol", ev.Acked("carol", 1))]
+    stored = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, ts(10)))
+    trashed = routing.trash(expiring, stored, NOW, 6).collect()
+    assert [(r.smuid, r.trash_topic, r.reason, r.trashed_at, r.batch_id) for r in trashed] == [
+        (1, "/t/Trash", "expired", ts(10).replace(tzinfo=None), 6)]
+
+
+def test_live_deliveries_leave_out_the_already_expired(frames):
+    routed = frames.deliveries(delivery("bob", 1, "/t", 1, expires_at=NOW), delivery("bob", 2, "/t", 2))
+    expiring = frames.of(routing.EXPIRING, ("bob", 1, True), ("bob", 2, False))
+    assert [r.smuid for r in routing.live(routed, expiring).collect()] == [2]

@@ -10,7 +10,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming import routing
-from streaming.sink import OUTPUTS, CommandSink
+from streaming.sink import OUTPUTS, CommandSink, batch_now
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -27,16 +27,24 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
 
     out = sink.outputs(records, 7, routed_at)
 
+    now = batch_now(records.toArrow())
     events = routing.parse_commands(records)
     intervals = routing.subscription_intervals(sink.current_subscriptions(spark), events)
     deliveries = routing.route(events, intervals)
     acks = routing.extract_acks(events)
+    unrouted = routing.unrouted(events, deliveries)
+    pending = spark.createDataFrame([], routing.PENDING)
+    expiring = routing.expiring(deliveries, unrouted, acks, pending, now)
+    live = routing.live(deliveries, expiring)
+    messages = routing.message_rows(events, 7)
     expected = {
         "progress": spark.createDataFrame([(0, 10 + len(rows), len(rows))], OUTPUTS["progress"]),
-        "deliver": routing.deliver_records(deliveries),
-        "acked": routing.acked_records(acks),
-        "messages": routing.message_rows(events, 7),
-        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at),
+        "deliver": routing.deliver_records(live),
+        "acked": routing.acked_records(routing.settled(acks, live)),
+        "expired": routing.expired_records(expiring),
+        "messages": messages,
+        "trash": routing.trash(expiring, messages, now, 7),
+        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring),
         "subscriptions": routing.subscription_state(intervals, 7),
     }
     assert set(out) == set(expected)
@@ -62,7 +70,8 @@ def test_outputs_equal_the_public_transforms(spark, tmp_path):
     ]
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
-        {"progress": 1, "deliver": 3, "acked": 2, "messages": 2, "deliveries": 4, "subscriptions": 2})
+        {"progress": 1, "deliver": 3, "acked": 2, "expired": 0, "messages": 2, "trash": 0, "deliveries": 4,
+         "subscriptions": 2})
 
 
 def test_outputs_with_bounds_account_topics_and_control_events(spark, tmp_path):
@@ -81,4 +90,30 @@ def test_outputs_with_bounds_account_topics_and_control_events(spark, tmp_path):
     ]
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
-        {"progress": 1, "deliver": 2, "acked": 0, "messages": 4, "deliveries": 2, "subscriptions": 1})
+        {"progress": 1, "deliver": 2, "acked": 0, "expired": 0, "messages": 4, "trash": 0, "deliveries": 2,
+         "subscriptions": 1})
+
+
+def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
+    """Expiry through the combined query: "now" is the batch's last tick; an already expired
+    guaranteed message is not sent and goes to the Trash, as does one nobody subscribed to."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    commands = [
+        ev.Subscribe("bob", "gb", "/t/*", US0),
+        ev.Publish(1, "/t/x", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 10),  # expires at the tick
+        ev.Publish(2, "/t/x", "c2", "alice", "ga", US0 + 2, expires_at=US0 + 11),  # one µs later: lives
+        ev.Publish(3, "/t/x", "c3", "alice", "ga", US0 + 3),  # state message
+        ev.Publish(4, "/u", "c4", "alice", "ga", US0 + 4, expires_at=US0 + 5),  # nobody subscribed
+        ev.Publish(5, "/u", "c5", "alice", "ga", US0 + 5, expires_at=US0 + 50),  # nobody, lives
+        ev.Tick(US0 + 10),
+    ]
+    assert_outputs_equal_the_public_transforms(
+        spark, sink, commands,
+        {"progress": 1, "deliver": 2, "acked": 0, "expired": 0, "messages": 5, "trash": 2, "deliveries": 5,
+         "subscriptions": 1})
+    out = sink.outputs(spark.createDataFrame(
+        [(None, c.to_bytes(), "cmd", 0, i, T0, 0) for i, c in enumerate(commands)], KAFKA_RECORD), 7, T0)
+    assert sorted(out["trash"].column("smuid").to_pylist()) == [1, 4]
+    assert sorted(zip(out["deliveries"].column("account").to_pylist(), out["deliveries"].column("smuid").to_pylist(),
+                      out["deliveries"].column("status").to_pylist())) == [
+        ("", 4, "expired"), ("", 5, "unrouted"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "pending")]
