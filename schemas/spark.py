@@ -92,9 +92,10 @@ SUBSCRIPTIONS_TABLE = _struct(
 
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
 #: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
-#: (its message's expiry passed unacknowledged), or "unrouted" for the row with account ``''``
-#: that stands for a message which reached no subscriber, until it expires.
+#: (its message's expiry passed unacknowledged).
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.
+#: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
+#: reached no subscriber and can expire, status "unrouted" until it does ("expired").
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),
@@ -126,6 +127,7 @@ TABLES: dict[str, StructType] = {
     "messages": MESSAGES_TABLE,
     "subscriptions": SUBSCRIPTIONS_TABLE,
     "deliveries": DELIVERIES_TABLE,
+    "unrouted": DELIVERIES_TABLE,
     "trash": TRASH_TABLE,
 }
 

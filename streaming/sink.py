@@ -306,8 +306,8 @@ class CommandSink:
         return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)
 
     def expiry_candidates(self, now: int | None) -> pa.Table:
-        """Stored deliveries (:data:`routing.PENDING`) still ``pending`` or ``unrouted`` whose message
-        expires at or before ``now``.
+        """Stored deliveries (:data:`routing.PENDING`) still ``pending`` (``deliveries``) or ``unrouted``
+        (the ``unrouted`` table) whose message expires at or before ``now``.
 
         Reads only those rows: delta-rs prunes files by their ``status`` and
         ``expires_at`` statistics, so rows already settled and messages that
@@ -318,9 +318,11 @@ class CommandSink:
             return schema.empty_table()
         # delta-rs' own engine (DataFusion): merges write string_view columns, which pyarrow's
         # dataset filters cannot compare with the table's string statistics.
-        reader = QueryBuilder().register("deliveries", self._table("deliveries")).execute(
-            f"SELECT {', '.join(schema.names)} FROM deliveries "
-            f"WHERE status IN ('pending', 'unrouted') AND expires_at <= to_timestamp_micros({int(now)})")
+        columns = ", ".join(schema.names)
+        where = f"WHERE status IN ('pending', 'unrouted') AND expires_at <= to_timestamp_micros({int(now)})"
+        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+                  .register("unrouted", self._table("unrouted"))
+                  .execute(f"SELECT {columns} FROM deliveries {where} UNION ALL SELECT {columns} FROM unrouted {where}"))
         return pa.table(reader).cast(schema)
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
@@ -402,7 +404,10 @@ class CommandSink:
             futures = []
         self._commit_messages(out["messages"], batch_id)
         self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
-        self._commit_deliveries(out["deliveries"], batch_id)
+        deliveries = out["deliveries"]
+        nobody = pc.equal(deliveries.column("account"), "")
+        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
+        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
         self._commit_subscriptions(out["subscriptions"], batch_id)
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
@@ -443,10 +448,11 @@ class CommandSink:
             write_deltalake(table, rows, mode="append",
                             commit_properties=_commit(self.app_id("messages"), batch_id))
 
-    def _commit_deliveries(self, arrow: pa.Table, batch_id: int) -> None:
-        if not arrow.num_rows or (table := self._uncommitted("deliveries", batch_id)) is None:
+    def _commit_deliveries(self, arrow: pa.Table, batch_id: int, name: str = "deliveries") -> None:
+        """Merge into ``deliveries`` (or ``unrouted``: the rows of account ``''``, same columns)."""
+        if not arrow.num_rows or (table := self._uncommitted(name, batch_id)) is None:
             return
-        source = _to_table(arrow, "deliveries").append_column("is_new", arrow.column("is_new"))
+        source = _to_table(arrow, name).append_column("is_new", arrow.column("is_new"))
         smuids = source.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
         columns = DELIVERIES_TABLE.fieldNames()
@@ -456,7 +462,7 @@ class CommandSink:
                 predicate=(f"t.account = s.account AND t.smuid = s.smuid "
                            f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
                 source_alias="s", target_alias="t",
-                commit_properties=_commit(self.app_id("deliveries"), batch_id),
+                commit_properties=_commit(self.app_id(name), batch_id),
             )
             .when_matched_update(
                 updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
