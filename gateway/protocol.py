@@ -753,7 +753,7 @@ class Session:
 
     def __init__(self, config: GatewayConfig, authenticate: Callable[[str, str], AuthResult], *,
                  clock: Callable[[], datetime], new_guid: Callable[[str], str],
-                 new_smuid: Callable[[], int], registry=None, new_request: Callable[[], str] = lambda: "",
+                 new_smuid: Callable[[], int], registry, new_request: Callable[[], str] = lambda: "",
                  hash_password: Callable[[str], str] = lambda password: password,
                  on_command: Callable[[bytes], None] = lambda line: None,
                  over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList(),
@@ -1000,6 +1000,10 @@ class Session:
         """LIST/COUNT/FIND never reveal a topic the login may not subscribe to."""
         return [p for p in paths if self._may("subscribe", p)]
 
+    def _readable(self, topic: str) -> bool:
+        """LIST/GET MESSAGE: the topic's messages exist and this login may read them."""
+        return self._own_or_public(topic) and self._registry.readable(topic) and self._may("subscribe", topic)
+
     def _own_or_public(self, topic: str) -> bool:
         """Account topics are private to their account."""
         return not topic.startswith("/accounts/") or topic == account_topic(self._account)
@@ -1084,7 +1088,7 @@ class Session:
     def _log_in(self, user: str, *first: str) -> list[Action]:
         """The 4.1.1 login reply, in the spec example's attribute order (``first`` lines before)."""
         self._phase, self._account, self._guid = _Phase.READY, user, self._new_guid(user)
-        timeout = self._registry.server_timeout if self._registry else self._config.default_timeout
+        timeout = self._registry.server_timeout
         reply = Reply.ok(
             *first,
             f"Topic: {account_topic(user)}",
@@ -1141,7 +1145,7 @@ class Session:
                 if not registry.visible(topic) or not self._may("subscribe", topic):
                     return None
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
-            if not self._own_or_public(topic) or not registry.readable(topic) or not self._may("subscribe", topic):
+            if not self._readable(topic):
                 return None
             return [ReadMessages((topic,), self._render_list)]
         return self._consult(decide, topic)
@@ -1203,7 +1207,7 @@ class Session:
             return [Send(b"200 OK\r\n" + body + CRLF)]
 
         def decide() -> list[Action] | None:
-            if not self._own_or_public(topic) or not self._registry.readable(topic) or not self._may("subscribe", topic):
+            if not self._readable(topic):
                 return None
             return [ReadMessages((topic,), render)]
         return self._consult(decide, topic)
@@ -1414,8 +1418,7 @@ class Session:
 
     def _expiry(self, headers: Headers, now: int) -> int | None:
         """The message's ``Timeout`` (already validated), else the server default, from ``now``."""
-        default = self._registry.server_timeout if self._registry else self._config.default_timeout
-        text = next((v for n, v in headers if n.lower() == "timeout"), default)
+        text = next((v for n, v in headers if n.lower() == "timeout"), self._registry.server_timeout)
         timeout = parse_timeout(text)
         return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
 

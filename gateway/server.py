@@ -358,7 +358,6 @@ class NotifyChannel:
             while line := await self.reader.readline():
                 for action in connection.session.channel_ack(line.rstrip(b"\r\n")):
                     if isinstance(action, Durable):
-                        connection.acking = True
                         pending = connection._make_durable(action)
                         self.write(await connection._settle(pending))
                         if not connection._ack_settled(pending.ack):

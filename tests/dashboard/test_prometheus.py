@@ -14,6 +14,7 @@ from gateway.metrics import Counter, Gauge, GatewayMetrics, Histogram, histogram
 from gateway.protocol import AuthResult, Session
 from schemas.config import GatewayConfig
 from tests.dashboard import promtext
+from tests.gateway.test_feeding import make_registry
 
 
 def test_rendered_families_pass_the_strict_reader():
@@ -97,7 +98,7 @@ def test_our_parser_reads_back_what_we_render():
 def _session(counters: GatewayMetrics) -> Session:
     return Session(GatewayConfig(), lambda user, password: AuthResult.OK, on_command=counters.frame_in,
                    clock=lambda: datetime(2026, 1, 1, tzinfo=timezone.utc), new_guid=lambda user: f"{user}1",
-                   new_smuid=lambda: 1)
+                   new_smuid=lambda: 1, registry=make_registry())
 
 
 def test_every_verb_and_abbreviation_is_counted_under_its_canonical_name():
