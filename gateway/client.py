@@ -592,10 +592,8 @@ class SMQPClient:
                                    headers: Iterable[tuple[str, str]] = (), cmuid: str | None = None) -> None:
         """PUB MESSAGE with ``Guarantee: NO`` (2002 revision): written and forgotten — the server
         sends no reply, not even an error, and the message may be dropped under pressure."""
-        body = data.encode() if isinstance(data, str) else data
-        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
         headers = [("Guarantee", "NO"), *((n, v) for n, v in headers if n.lower() not in ("guarantee", "guar"))]
-        frame = cp.render_publish(topic, cmuid or f"C{next(self._cmuids)}", headers, [section], "MESSAGE")
+        frame = self._publish_frame("MESSAGE", topic, data, content_type, headers, cmuid)
         async with self._main.lock:
             if self._main.closed.is_set():
                 raise self._main.error or ConnectionError("connection closed")
@@ -611,12 +609,16 @@ class SMQPClient:
         headers = [("Cmuid", cmuid_replied_to), *((n, v) for n, v in headers if n.lower() != "cmuid")]
         return await self._publish("REPLY", topic, data, content_type, headers, cmuid)
 
+    def _publish_frame(self, resource: str, topic: str, data: bytes | str, content_type: str,
+                       headers: Headers, cmuid: str | None) -> bytes:
+        """A PUB frame with one data section (a CMUID of our own when none is given)."""
+        body = data.encode() if isinstance(data, str) else data
+        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
+        return cp.render_publish(topic, cmuid or f"C{next(self._cmuids)}", headers, [section], resource)
+
     async def _publish(self, resource: str, topic: str, data: bytes | str, content_type: str,
                        headers: Headers, cmuid: str | None) -> int:
-        body = data.encode() if isinstance(data, str) else data
-        cmuid = cmuid or f"C{next(self._cmuids)}"
-        section = Section([("Content-Type", content_type), ("Content-Length", str(len(body)))], body)
-        reply = await self.command_raw(cp.render_publish(topic, cmuid, headers, [section], resource))
+        reply = await self.command_raw(self._publish_frame(resource, topic, data, content_type, headers, cmuid))
         return int(reply.lines[-1].split()[-1])
 
     # -- SUBSCRIBE, UNSUBSCRIBE
