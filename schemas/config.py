@@ -104,6 +104,19 @@ class SMQPConfig:
     accounts: Mapping[str, str] = field(default_factory=dict)
     # topic -> action -> account names: the User Access Lists (see gateway.ual)
     ual: Mapping[str, Mapping[str, list]] = field(default_factory=dict)
+    # topic -> queue parameter -> value: per-topic queue parameters, inherited (see schemas.queue_params)
+    topics: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from schemas.queue_params import TopicSettings
+
+        TopicSettings(self.topics)  # a bad [topics."/…"] entry fails at start-up, naming itself
+
+    def queue(self, topic: str):
+        """The effective :class:`schemas.queue_params.QueueParameters` of ``topic``."""
+        from schemas.queue_params import TopicSettings
+
+        return TopicSettings(self.topics).resolve(topic)
 
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""
