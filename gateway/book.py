@@ -60,6 +60,12 @@ class NotifyQueue:
             heapq.heappush(self._heap, entry)
         return found
 
+    def discard(self, smuid: int) -> None:
+        """Withdraw a delivery that died (expired, out of retries) before it was sent."""
+        if any(entry[1].smuid == smuid for entry in self._heap):
+            self._heap = [entry for entry in self._heap if entry[1].smuid != smuid]
+            heapq.heapify(self._heap)
+
     def requeue(self, deliver: Deliver) -> None:
         """Put back a delivery that was popped but not acknowledged."""
         heapq.heappush(self._heap, (_order(deliver), deliver))

@@ -72,6 +72,7 @@ from gateway.replies import (
     Reply,
 )
 from schemas.config import GatewayConfig
+from schemas.queue_params import QueueParameters
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH
 from gateway.scram import METHOD as SCRAM_METHOD
 from gateway.scram import Credentials, ScramError, ScramServer
@@ -566,6 +567,10 @@ def _is_boolean(value: str) -> bool:
     return value.upper() in ("YES", "NO")
 
 
+#: RECEIPT values (2002 revision) and draft-04's YES/NO, as the mode the job acts on.
+_RECEIPT_MODES = MappingProxyType({"NONE": "none", "ONE": "one", "ALL": "all", "NO": "none", "YES": "one"})
+
+
 #: Message header attributes whose values the gateway validates.
 _HEADER_CHECKS = MappingProxyType({
     "priority": _is_count,
@@ -574,6 +579,7 @@ _HEADER_CHECKS = MappingProxyType({
     "guar": _is_boolean,
     "timeout": _parses(parse_timeout),
     "created": _parses(parse_date_time),
+    "receipt": lambda value: value.upper() in _RECEIPT_MODES,
 })
 
 
@@ -590,6 +596,11 @@ def guaranteed(headers: Headers) -> bool:
     """``Guarantee``/``Guar`` (2002 revision): YES unless it says NO.  A non-guaranteed
     message gets no reply to its PUB and no two-phase ACK of its NOTIFY."""
     return all(v.upper() != "NO" for n, v in headers if n.lower() in ("guarantee", "guar"))
+
+
+def receipt_mode(headers: Headers) -> str:
+    """``Receipt`` (already validated): "none" (the default), "one" or "all"; draft-04's YES is ONE."""
+    return next((_RECEIPT_MODES[v.upper()] for n, v in headers if n.lower() == "receipt"), "none")
 
 
 def message_priority(headers: Headers) -> int:
@@ -759,7 +770,8 @@ class Session:
                  over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList(),
                  scram_credentials: Callable[[str], Credentials | AuthResult] = lambda user: AuthResult.UNKNOWN_ACCOUNT,
                  login_outcome: Callable[[str, bool], None] = lambda user, ok: None,
-                 new_nonce: Callable[[], str] = lambda: "nonce"):
+                 new_nonce: Callable[[], str] = lambda: "nonce",
+                 queue: Callable[[str], QueueParameters] = lambda topic: QueueParameters()):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -774,6 +786,7 @@ class Session:
         self._scram_credentials = scram_credentials  # SCRAM-SHA-256: the account's stored keys
         self._login_outcome = login_outcome  # SCRAM results, for the throttling of failed logins
         self._new_nonce = new_nonce
+        self._queue = queue  # the administrator's per-topic queue parameters (spec section 6)
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -852,8 +865,15 @@ class Session:
             self._awaiting_ack = deliver.smuid
         return render_notify(deliver, self._config.server_host)
 
+    def notify_again(self, deliver: Deliver) -> bytes:
+        """The NOTIFY awaiting its ``310 ACK`` once more: the retry timeout passed without it."""
+        if self._awaiting_ack != deliver.smuid:
+            raise SessionMisuse(f"NOTIFY again of SMUID {deliver.smuid}, which awaits no 310 ACK")
+        return render_notify(deliver, self._config.server_host)
+
     def notify_abandoned(self) -> None:
-        """The NOTIFY in flight was lost with its connection (SET NOTIFY PORT): it stays pending."""
+        """The NOTIFY in flight no longer awaits a ``310 ACK``: lost with its connection (SET NOTIFY
+        PORT: it stays pending), or withdrawn because it died (expired, out of retries)."""
         self._awaiting_ack = None
 
     def channel_ack(self, line: bytes) -> list[Action]:
@@ -1411,14 +1431,16 @@ class Session:
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
             account=self._account, guid=self._guid, accepted_at=now,
             priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
-            expires_at=self._expiry(headers, now),
+            expires_at=self._expiry(topic, headers, now), receipt=receipt_mode(headers),
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
 
-    def _expiry(self, headers: Headers, now: int) -> int | None:
-        """The message's ``Timeout`` (already validated), else the server default, from ``now``."""
-        text = next((v for n, v in headers if n.lower() == "timeout"), self._registry.server_timeout)
+    def _expiry(self, topic: str, headers: Headers, now: int) -> int | None:
+        """The message's ``Timeout`` (already validated), else the topic's default, else the
+        server's, from ``now``."""
+        default = self._queue(topic).timeout or self._registry.server_timeout
+        text = next((v for n, v in headers if n.lower() == "timeout"), default)
         timeout = parse_timeout(text)
         return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
 

@@ -58,7 +58,8 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import Ack, Deliver, Sync
+from schemas.events import Ack, Acked, Deliver, Nack, Sync
+from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
 
@@ -86,6 +87,8 @@ class Connection:
         self.queue = NotifyQueue()  # filled at LOGIN from the account's pending deliveries
         self.in_flight: Deliver | None = None  # the NOTIFY awaiting the client's 310 ACK
         self.notified_at = 0.0  # when in_flight was sent (monotonic), for the ACK latency histogram
+        self.retry: asyncio.TimerHandle | None = None  # in_flight's retry timeout
+        self.retries = 0  # NACKs of in_flight this connection sent
         self.acking = False  # the client's 310 ACK is being made durable
         self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
@@ -103,6 +106,7 @@ class Connection:
             pass
         finally:
             self.closing = True
+            self._disarm()
             self.outbox.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer_task, 10)
@@ -260,6 +264,7 @@ class Connection:
         """Both phases done: forget the message for good, then offer the next one."""
         self.acking = False
         self.in_flight = None
+        self._disarm()
         self.gateway.metrics.ack_latency.observe(time.monotonic() - self.notified_at)
         self.gateway.book.acknowledged(ack.account, ack.smuid)
         self.send_next()
@@ -316,7 +321,46 @@ class Connection:
             self.in_flight = deliver
             self.notified_at = time.monotonic()
             self.notify(frame)
+            self.retries = 0
+            self._arm(deliver)
             return
+
+    # -- retries (spec 5.1: retry timeout, maximum retries per message per client)
+
+    def _arm(self, deliver: Deliver) -> None:
+        """Start ``deliver``'s retry timeout (the topic's ``retry_timeout_s``)."""
+        self._disarm()
+        delay = self.gateway.queue(deliver.topic).retry_timeout_s
+        self.retry = asyncio.get_running_loop().call_later(delay, self._retry_due, deliver)
+
+    def _disarm(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+
+    def _retry_due(self, deliver: Deliver) -> None:
+        """No ``310 ACK`` within the retry timeout: tell the job (a NACK, which it counts) and send
+        the NOTIFY again, up to the topic's ``max_retries``; past them, wait for the job to
+        withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
+        self.retry = None
+        if self.closing or self.in_flight is not deliver or self.acking:
+            return
+        max_retries = self.gateway.queue(deliver.topic).max_retries
+        self.retries += 1
+        self.gateway.nack(self.session, deliver, max_retries)
+        if self.retries <= max_retries:
+            self.notify(self.session.notify_again(deliver))
+            self._arm(deliver)
+
+    def withdraw(self, smuid: int) -> None:
+        """The job settled ``smuid`` unacknowledged (expired, out of retries): never NOTIFY it
+        (again) here; a NOTIFY of it in flight no longer awaits a ``310 ACK``."""
+        self.queue.discard(smuid)
+        if self.in_flight is not None and self.in_flight.smuid == smuid and not self.acking:
+            self._disarm()
+            self.in_flight = None
+            self.session.notify_abandoned()
+            self.send_next()
 
     def channel_lost(self, channel: NotifyChannel) -> None:
         """The notification port closed: its NOTIFY in flight goes back to the queue, notifications
@@ -325,6 +369,7 @@ class Connection:
             return
         self.channel = None
         if self.in_flight is not None and not self.acking:
+            self._disarm()
             self.queue.requeue(self.in_flight)
             self.in_flight = None
             self.session.notify_abandoned()
@@ -408,6 +453,7 @@ class Gateway:
                                  overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
                                  lockout_s=config.gateway.login_lockout_s)
         self.access = AccessList(config.ual)
+        self.queue = TopicSettings(config.topics).resolve  # per-topic queue parameters
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
@@ -448,7 +494,7 @@ class Gateway:
                        hash_password=hash_password, on_command=self.metrics.frame_in,
                        over_capacity=self._over_capacity, access=self.access,
                        scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
-                       new_nonce=lambda: secrets.token_urlsafe(18))
+                       new_nonce=lambda: secrets.token_urlsafe(18), queue=self.queue)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
@@ -559,10 +605,25 @@ class Gateway:
     # -- deliveries
 
     def _on_deliveries(self, events: list) -> None:
-        for deliver in filter(None, map(self.book.apply, events)):
-            for connection in self.sessions.get(deliver.account, ()):
-                connection.queue.push(deliver)
-                connection.send_next()
+        for event in events:
+            deliver = self.book.apply(event)
+            if deliver is not None:
+                for connection in self.sessions.get(deliver.account, ()):
+                    connection.queue.push(deliver)
+                    connection.send_next()
+            elif isinstance(event, Acked) and event.reason != "acked":
+                for connection in self.sessions.get(event.account, ()):
+                    connection.withdraw(event.smuid)
+
+    def nack(self, session: Session, deliver: Deliver, max_retries: int) -> None:
+        """Append a NACK of ``deliver`` (its NOTIFY went unacknowledged) for the job to count.
+
+        Best effort: a NACK lost to a Kafka outage only delays the Trash by one retry."""
+        event = Nack(account=session.account, guid=session.guid, smuid=deliver.smuid,
+                     accepted_at=int(time.time() * 1_000_000), max_retries=max_retries)
+        future = self.log.append(session.account.encode("utf-8"), event.to_bytes(), immediate=True)
+        future.add_done_callback(lambda done: done.exception() and log.warning(
+            "NACK of %s for %s not appended: %s", deliver.smuid, session.account, done.exception()))
 
     def register(self, connection: Connection) -> None:
         account = connection.session.account

@@ -1,7 +1,7 @@
 """Events on the Kafka topics, as plain dataclasses with one JSON encoding.
 
 ``smqp.commands`` (written by gateways, read by the streaming job) carries
-:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe` and :class:`Ack`,
+:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe`, :class:`Ack` and :class:`Nack`,
 which the job routes, and the control events the gateways' topic registry
 folds (:class:`CreateTopic`, :class:`RemoveTopic`, :class:`RenameTopic`,
 :class:`SetTopicKeywords`, :class:`SetLogin`, :class:`Watch`,
@@ -77,6 +77,7 @@ class Publish(_Event):
     # when the message's timeout runs out (microseconds): its Timeout attribute, else the server
     # default, counted from acceptance; None for a state message (Timeout: INFINITE)
     expires_at: int | None = None
+    receipt: str = "none"  # RECEIPT: "none" | "one" | "all" (draft-04's YES/NO read as ONE/NONE)
 
 
 @dataclass
@@ -121,6 +122,22 @@ class Ack(_Event):
     guid: str
     smuid: int
     accepted_at: int
+
+
+@dataclass
+class Nack(_Event):
+    """A NOTIFY went unacknowledged: the subscriber's ``310 ACK`` did not come within the topic's
+    retry timeout (``reason`` "timeout"; the gateway sends it again), so the job counts one retry
+    and moves the message to the Trash once ``max_retries`` (the topic's, stamped by the gateway)
+    are used up."""
+
+    TYPE: ClassVar[str] = "nack"
+    account: str
+    guid: str
+    smuid: int
+    accepted_at: int
+    max_retries: int
+    reason: str = "timeout"
 
 
 @dataclass
@@ -258,11 +275,17 @@ class Deliver(_Event):
 
 @dataclass
 class Acked(_Event):
-    """The job recorded ``account``'s acknowledgement of ``smuid`` in Delta."""
+    """The job settled ``account``'s delivery of ``smuid`` in Delta: gateways forget it.
+
+    ``reason`` "acked": the subscriber acknowledged it (or it needed no ACK);
+    anything else ("expired", "max_retries") means it died unacknowledged, so
+    a NOTIFY of it still queued or in flight at a gateway is withdrawn.
+    """
 
     TYPE: ClassVar[str] = "acked"
     account: str
     smuid: int
+    reason: str = "acked"
 
 
 @dataclass
@@ -274,7 +297,7 @@ class Progress(_Event):
 
 
 EVENT_TYPES: dict[str, type[_Event]] = {
-    cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, CreateTopic, RemoveTopic, RenameTopic,
+    cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, CreateTopic, RemoveTopic, RenameTopic,
                               SetTopicKeywords, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
                               Tick, Deliver, Acked, Progress)
 }

@@ -57,6 +57,9 @@ COMMAND_EVENT = _struct(
     ("until", LongType()),
     ("expires_at", LongType()),  # publish: microseconds, or null for a state message
     ("at", LongType()),  # tick: the job's clock, microseconds
+    ("receipt", StringType()),  # publish: "none" | "one" | "all"
+    ("max_retries", IntegerType()),  # nack
+    ("reason", StringType()),  # nack
 )
 
 #: Delta table ``messages``: every accepted publish, once.
@@ -74,6 +77,7 @@ MESSAGES_TABLE = _struct(
     ("kafka_offset", LongType()),
     ("batch_id", LongType()),
     ("expires_at", TimestampType()),  # null: a state message (never expires)
+    ("receipt", StringType()),  # "none" | "one" | "all" (null in rows written before receipts)
 )
 
 #: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.
@@ -92,7 +96,9 @@ SUBSCRIPTIONS_TABLE = _struct(
 
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
 #: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
-#: (its message's expiry passed unacknowledged).
+#: (its message's expiry passed unacknowledged) | "trashed" (``max_retries`` NOTIFYs unacknowledged).
+#: ``retries``: NOTIFYs of it the subscriber left unacknowledged (null: none).
+#: ``receipt``: the message's RECEIPT mode, so receipts need no join with ``messages``.
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.
 #: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
 #: reached no subscriber and can expire, status "unrouted" until it does ("expired").
@@ -107,6 +113,8 @@ DELIVERIES_TABLE = _struct(
     ("acked_at", TimestampType()),
     ("acked_guid", StringType()),
     ("expires_at", TimestampType()),
+    ("retries", IntegerType()),
+    ("receipt", StringType()),
 )
 
 #: Delta table ``trash``: every dead message, once, with why and when (``trash_topic`` = ``<topic>/Trash``).
@@ -114,12 +122,25 @@ TRASH_TABLE = _struct(
     ("smuid", LongType()),
     ("topic", StringType()),
     ("trash_topic", StringType()),
-    ("reason", StringType()),  # "expired"
+    ("reason", StringType()),  # "expired" | "undeliverable" (reached no subscriber) | "max_retries"
     ("trashed_at", TimestampType()),  # the job's "now" of the batch that trashed it
     ("publisher", StringType()),
     ("cmuid", StringType()),
     ("headers", HEADERS),
     ("sections", ArrayType(SECTION_JSON)),
+    ("batch_id", LongType()),
+    ("account", StringType()),  # max_retries: the subscriber that never acknowledged it; else ''
+)
+
+#: Delta table ``receipts``: one row per message whose RECEIPT (ONE / ALL) was answered.
+RECEIPTS_TABLE = _struct(
+    ("smuid", LongType()),  # the message the receipt is about
+    ("publisher", StringType()),
+    ("mode", StringType()),  # "one" | "all"
+    ("acked", IntegerType()),  # X of "X/Y": subscribers that acknowledged it
+    ("targeted", IntegerType()),  # Y: subscribers it was routed to
+    ("receipt_smuid", LongType()),  # the receipt message on /accounts/<publisher>
+    ("receipted_at", TimestampType()),
     ("batch_id", LongType()),
 )
 
@@ -129,6 +150,7 @@ TABLES: dict[str, StructType] = {
     "deliveries": DELIVERIES_TABLE,
     "unrouted": DELIVERIES_TABLE,
     "trash": TRASH_TABLE,
+    "receipts": RECEIPTS_TABLE,
 }
 
 

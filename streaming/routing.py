@@ -93,6 +93,7 @@ DELIVERIES = StructType([
     StructField("sections", ArrayType(SECTION_JSON), True),
     StructField("seq", SEQ, True),
     StructField("expires_at", LongType(), True),  # microseconds, as in the event; null: a state message
+    StructField("receipt", StringType(), True),  # the message's RECEIPT mode
 ])
 
 #: Output of :func:`extract_acks` (``seq``: where the ACK was in the commands log).
@@ -110,6 +111,32 @@ PENDING = StructType([
     StructField("smuid", LongType(), True),
     StructField("status", StringType(), True),
     StructField("expires_at", TimestampType(), True),
+])
+
+#: The stored deliveries this batch's NACKs name (``deliveries`` Delta rows): how many retries they had.
+RETRYING = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("status", StringType(), True),
+    StructField("retries", IntegerType(), True),
+])
+
+#: Output of :func:`retried`: the new retry count of each NACKed pending delivery; ``dead`` once
+#: it passed the topic's ``max_retries`` (it goes to the Trash).
+RETRIED = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("retries", IntegerType(), True),
+    StructField("dead", BooleanType(), True),
+    StructField("seq", SEQ, True),
+])
+
+#: Output of :func:`dead_messages`: what goes to the Trash, one row per (smuid, account):
+#: ``account`` '' for a whole message (expired, undeliverable), the subscriber for max_retries.
+DEAD = StructType([
+    StructField("smuid", LongType(), True),
+    StructField("account", StringType(), True),
+    StructField("reason", StringType(), True),
 ])
 
 #: Output of :func:`expiring`: the deliveries whose message expired in this batch, unacknowledged.
@@ -173,7 +200,7 @@ def _first_per(keys: str, order: str, relation: str, where: str = "TRUE") -> str
 _VALID = """coalesce(
       (type = 'publish' AND account IS NOT NULL AND smuid IS NOT NULL AND topic IS NOT NULL)
       OR (type IN ('subscribe', 'unsubscribe') AND account IS NOT NULL AND pattern IS NOT NULL)
-      OR (type = 'ack' AND account IS NOT NULL AND smuid IS NOT NULL),
+      OR (type IN ('ack', 'nack') AND account IS NOT NULL AND smuid IS NOT NULL),
       FALSE)"""
 
 
@@ -335,13 +362,14 @@ def route_all_sql(events: str, intervals: str) -> str:
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
     SELECT CASE WHEN _reached THEN _to ELSE '' END AS account, smuid, topic, cmuid, publisher, publisher_guid,
-           accepted_at, priority, headers, sections, seq, expires_at
+           accepted_at, priority, headers, sections, seq, expires_at, receipt
     FROM (
       SELECT *, bool_or(coalesce(_to <> '', FALSE)) OVER (PARTITION BY smuid) AS _reached FROM (
         SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
         FROM (
           SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
-                 sections, seq, expires_at, {_micros_to_ts("accepted_at")} AS _at,
+                 sections, seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt,
+                 {_micros_to_ts("accepted_at")} AS _at,
                  {account_topic_owner_sql("topic")} AS _owner, explode({candidate_patterns_sql("topic")}) AS _pattern
           FROM {publishes}
         ) p
@@ -413,7 +441,8 @@ def message_rows_sql(events: str, batch_id: int) -> str:
     """SQL of :func:`message_rows` over the relation ``events``."""
     return f"""SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, priority, headers, sections,
        {_micros_to_ts("accepted_at")} AS accepted_at, kafka_partition, kafka_offset,
-       {sql_literal(batch_id)} AS batch_id, {_micros_to_ts("expires_at")} AS expires_at
+       {sql_literal(batch_id)} AS batch_id, {_micros_to_ts("expires_at")} AS expires_at,
+       lower(coalesce(receipt, 'none')) AS receipt
 FROM {_first_per("smuid", "seq", events, "type = 'publish'")}"""
 
 
@@ -532,68 +561,120 @@ def _trashed_at(now: int | None) -> str:
     return "CAST(NULL AS TIMESTAMP)" if now is None else f"timestamp_micros({sql_literal(now)})"
 
 
-def trash_sql(expiring: str, messages: str, now: int | None, batch_id: int) -> str:
-    """SQL of :func:`trash` over the relations ``expiring`` and ``messages``."""
-    return f"""SELECT m.smuid, m.topic, concat(m.topic, '/Trash') AS trash_topic, 'expired' AS reason,
+def dead_messages_sql(expiring: str, retried: str) -> str:
+    """SQL of :func:`dead_messages` over the relations ``expiring`` and ``retried``."""
+    return f"""SELECT smuid, '' AS account,
+       CASE WHEN bool_and(account = '') THEN 'undeliverable' ELSE 'expired' END AS reason
+FROM {expiring} GROUP BY smuid
+UNION ALL
+SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead"""
+
+
+def dead_messages(expiring: DataFrame, retried: DataFrame) -> DataFrame:
+    """What goes to the Trash in this batch → :data:`DEAD`.
+
+    A message with an :func:`expiring` delivery goes once, as a whole
+    (account ``''``): reason ``undeliverable`` when it reached no subscriber,
+    else ``expired``.  A delivery that used up its retries (:func:`retried`,
+    ``dead``) goes for that subscriber: reason ``max_retries``.
+    """
+    return run_sql(dead_messages_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})
+
+
+def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:
+    """SQL of :func:`trash` over the relations ``dead`` and ``messages``."""
+    return f"""SELECT m.smuid, m.topic, concat(m.topic, '/Trash') AS trash_topic, d.reason,
        {_trashed_at(now)} AS trashed_at, m.publisher, m.cmuid, m.headers, m.sections,
-       {sql_literal(batch_id)} AS batch_id
-FROM (SELECT DISTINCT smuid FROM {expiring}) e
-JOIN {_first_per("smuid", "batch_id", messages)} m ON e.smuid = m.smuid"""
+       {sql_literal(batch_id)} AS batch_id, d.account
+FROM {dead} d JOIN {_first_per("smuid", "batch_id", messages)} m ON d.smuid = m.smuid"""
 
 
-def trash(expiring: DataFrame, messages: DataFrame, now: int | None, batch_id: int) -> DataFrame:
-    """Messages with an :func:`expiring` delivery → ``TRASH_TABLE`` rows, one per message.
+def trash(dead: DataFrame, messages: DataFrame, now: int | None, batch_id: int) -> DataFrame:
+    """:func:`dead_messages` → ``TRASH_TABLE`` rows in the message's topic's Trash (``<topic>/Trash``).
 
     ``messages`` has the ``MESSAGES_TABLE`` columns (this batch's rows and the
-    stored rows of the expiring messages).  A message lands in its topic's
-    Trash (``<topic>/Trash``) with reason ``expired`` when its expiry passes
-    while one of its deliveries is unacknowledged, or when it reached no
-    subscriber; a fully acknowledged message has no pending delivery left and
-    never does.  ``trashed_at`` is the batch's ``now``.
+    stored rows of the dead messages).  A fully acknowledged message has no
+    pending delivery left and never dies.  ``trashed_at`` is the batch's ``now``.
     """
-    return run_sql(trash_sql("{expiring}", "{messages}", now, batch_id),
-                   {"expiring": expiring, "messages": messages})
+    return run_sql(trash_sql("{dead}", "{messages}", now, batch_id), {"dead": dead, "messages": messages})
+
+
+def retried_sql(events: str, retrying: str, acks: str, expiring: str) -> str:
+    """SQL of :func:`retried` over the relations ``events``, ``retrying``, ``acks`` and ``expiring``."""
+    return f"""SELECT r.account, r.smuid, CAST(coalesce(r.retries, 0) + n.nacks AS INT) AS retries,
+       coalesce(r.retries, 0) + n.nacks > n.max_retries AS dead, n.seq
+FROM (SELECT account, smuid, count(1) AS nacks, max_by(max_retries, seq) AS max_retries, max(seq) AS seq
+      FROM {events} WHERE type = 'nack' GROUP BY account, smuid) n
+JOIN {retrying} r ON n.account = r.account AND n.smuid = r.smuid
+WHERE r.status = 'pending'
+  AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = r.account AND a.smuid = r.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = r.account AND e.smuid = r.smuid)"""
+
+
+def retried(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: DataFrame) -> DataFrame:
+    """NACKs (a NOTIFY unacknowledged within the retry timeout) → :data:`RETRIED`.
+
+    Each NACK of a still ``pending`` delivery (``retrying``: its stored row,
+    :data:`RETRYING`) counts one retry; a delivery whose count passes the
+    ``max_retries`` the gateway stamped on its latest NACK (the first NOTIFY and
+    ``max_retries`` more went unacknowledged) is ``dead`` and goes to the Trash.  A delivery this batch acknowledges or expires is not
+    retried: the ACK (or the expiry) wins.  Retry counts live in the
+    ``deliveries`` table, so a restart of the job or of a gateway keeps them.
+    """
+    return run_sql(retried_sql("{events}", "{retrying}", "{acks}", "{expiring}"),
+                   {"events": events, "retrying": retrying, "acks": acks, "expiring": expiring})
 
 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
-                         now: int | None = None, unrouted: str | None = None, expiring: str | None = None) -> str:
+                         now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
+                         retried: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``: empty when None)."""
+    ``expiring``, ``retried``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
     expiring = expiring or empty_sql(EXPIRING)
+    retried = retried or empty_sql(RETRIED)
     routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
+    no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt"
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
             WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked'
             WHEN {_expired("d.expires_at", now)} THEN 'expired' ELSE 'pending' END AS status,
        {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
-       a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, TRUE AS is_new
+       a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, CAST(NULL AS INT) AS retries,
+       d.receipt, TRUE AS is_new
 FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
 UNION ALL
 SELECT '' AS account, u.smuid, u.topic, u.priority,
        CASE WHEN {_expired("u.expires_at", now)} THEN 'expired' ELSE 'unrouted' END AS status,
        {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
-       {_micros_to_ts("u.expires_at")} AS expires_at, TRUE AS is_new
+       {_micros_to_ts("u.expires_at")} AS expires_at, {no_update}, TRUE AS is_new
 FROM {unrouted} u
 UNION ALL
 SELECT a.account, a.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'acked' AS status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
-       a.acked_at, a.acked_guid, CAST(NULL AS TIMESTAMP) AS expires_at, FALSE AS is_new
+       a.acked_at, a.acked_guid, CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
 FROM {acks} a LEFT ANTI JOIN {deliveries} d ON a.account = d.account AND a.smuid = d.smuid
 UNION ALL
 SELECT e.account, e.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'expired' AS status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
-       CAST(NULL AS TIMESTAMP) AS expires_at, FALSE AS is_new
-FROM {expiring} e WHERE NOT e.is_new"""
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {expiring} e WHERE NOT e.is_new
+UNION ALL
+SELECT r.account, r.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority,
+       CASE WHEN r.dead THEN 'trashed' ELSE 'retry' END AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, r.retries, CAST(NULL AS STRING) AS receipt, FALSE AS is_new
+FROM {retried} r"""
 
 
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
                      now: int | None = None, unrouted: DataFrame | None = None,
-                     expiring: DataFrame | None = None) -> DataFrame:
+                     expiring: DataFrame | None = None, retried: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -605,16 +686,16 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     batches are ``is_new = false`` rows with status ``acked``, and stored
     deliveries that expire now (:func:`expiring`, not ``is_new``) are
     ``is_new = false`` rows with status ``expired``: they update a matching row
-    and are never inserted.  One row per (account, smuid).
+    and are never inserted.  :func:`retried` deliveries are ``is_new = false``
+    rows with their new ``retries`` and status ``retry`` (update the count
+    only) or ``trashed`` (out of retries).  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
-    if unrouted is not None:
-        frames["unrouted"] = unrouted
-    if expiring is not None:
-        frames["expiring"] = expiring
+    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
-                                        "{unrouted}" if unrouted is not None else None,
-                                        "{expiring}" if expiring is not None else None), frames)
+                                        *("{%s}" % name if frame is not None else None
+                                          for name, frame in optional.items())), frames)
 
 
 # -- records for smqp.deliveries
@@ -654,15 +735,22 @@ def acked_records(acks: DataFrame) -> DataFrame:
     return run_sql(acked_records_sql("{acks}"), {"acks": acks})
 
 
-def expired_records_sql(expiring: str) -> str:
-    """SQL of :func:`expired_records` over the relation ``expiring``."""
+def expired_records_sql(expiring: str, retried: str) -> str:
+    """SQL of :func:`expired_records` over the relations ``expiring`` and ``retried``."""
     return f"""SELECT CAST(account AS BINARY) AS key,
-       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid)) AS value,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'expired')) AS value,
        CAST(NULL AS {_SEQ_DDL}) AS seq
-FROM {expiring} WHERE NOT is_new AND account <> ''"""
+FROM {expiring} WHERE NOT is_new AND account <> ''
+UNION ALL
+SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'max_retries')) AS value,
+       seq
+FROM {retried} WHERE dead"""
 
 
-def expired_records(expiring: DataFrame) -> DataFrame:
-    """Stored deliveries that expired (:func:`expiring`, not ``is_new``) → ``Acked`` records, so the
-    gateways drop them from their books (this batch's expired deliveries were never sent)."""
-    return run_sql(expired_records_sql("{expiring}"), {"expiring": expiring})
+def expired_records(expiring: DataFrame, retried: DataFrame) -> DataFrame:
+    """Stored deliveries that died unacknowledged → ``Acked`` records with the reason, so the
+    gateways withdraw them from their books and queues: those that expired (:func:`expiring`,
+    not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
+    (:func:`retried`, ``dead``)."""
+    return run_sql(expired_records_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})

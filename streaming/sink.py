@@ -27,8 +27,10 @@ created) but still answered with ``Acked``: the ACK itself is durable in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import time
 from datetime import datetime, timezone
 
@@ -113,10 +115,12 @@ def _as_struct(kind: StructType) -> str:
     return f"CAST(named_struct({fields}) AS {_ddl(kind)})"
 
 
-def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True)) -> str:
+def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
+              retries: bool = True) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
-    (stored deliveries that may expire, :data:`routing.PENDING`) and ``{stored}`` (their stored
-    messages, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`).
+    (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
+    deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
+    messages of both, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`).
 
     Each routing transform is a CTE of its own SQL (``routing.*_sql``, the text
     the public transforms run); every output is a struct column of its
@@ -124,7 +128,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     the batch's clock (:func:`batch_now`).  ``expiry`` says whether a delivery
     routed in this batch, and whether a stored one, can expire (:func:`may_expire`);
     what cannot is left out of the plan (the whole of expiry would cost every
-    micro-batch about twice as many shuffles).
+    micro-batch about twice as many shuffles); so is the retry count when the batch holds
+    no NACK (``retries``).
     """
     new, stored = expiry
     source = ", ".join(_TRASH_SOURCE)
@@ -139,17 +144,20 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
                      if new or stored else routing.empty_sql(routing.EXPIRING)[1:-1]),
+        "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring") if retries
+                    else routing.empty_sql(routing.RETRIED)[1:-1]),
+        "dead": routing.dead_messages_sql("expiring", "retried"),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
         "out_deliver": routing.deliver_records_sql("live"),
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        "out_expired": routing.expired_records_sql("expiring"),
+        "out_expired": routing.expired_records_sql("expiring", "retried"),
         "out_messages": routing.message_rows_sql("events", batch_id),
         "all_messages": f"SELECT {source} FROM out_messages UNION ALL SELECT {source} FROM {{stored}}",
-        "out_trash": routing.trash_sql("expiring", "all_messages", now, batch_id),
+        "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("routed", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring"),
+                                                       "unrouted", "expiring", "retried"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -200,6 +208,21 @@ def may_expire(records: pa.Table, now: int | None, pending: pa.Table) -> tuple[b
     expiries = pc.struct_field(pc.extract_regex(values, r'"expires_at"\s*:\s*(?P<n>-?\d+)'), [0])
     earliest = pc.min(pc.cast(expiries, pa.int64())).as_py()
     return earliest is not None and earliest <= now, pending.num_rows > 0
+
+
+_NACK = re.compile(r'^\{\s*"type"\s*:\s*"nack"')
+
+
+def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
+    """The (account, smuid) pairs the batch's NACK records name (rare: decoded in Python)."""
+    values = pc.cast(records.column("value"), pa.string())
+    nacks = values.filter(pc.match_substring_regex(values, _NACK.pattern))
+    keys = set()
+    for raw in nacks.to_pylist():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            event = json.loads(raw)
+            keys.add((str(event["account"]), int(event["smuid"])))
+    return sorted(keys)
 
 
 def _only_ticks(records: pa.Table) -> bool:
@@ -325,6 +348,19 @@ class CommandSink:
                   .execute(f"SELECT {columns} FROM deliveries {where} UNION ALL SELECT {columns} FROM unrouted {where}"))
         return pa.table(reader).cast(schema)
 
+    def retry_candidates(self, keys: list[tuple[str, int]]) -> pa.Table:
+        """The stored ``deliveries`` rows (:data:`routing.RETRYING`) of the NACKed ``keys``."""
+        schema = arrow_schema(routing.RETRYING)
+        if not keys:
+            return schema.empty_table()
+        smuids = ", ".join(str(int(smuid)) for smuid in sorted({smuid for _, smuid in keys}))
+        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+                  .execute(f"SELECT account, smuid, status, retries FROM deliveries WHERE smuid IN ({smuids})"))
+        rows = pa.table(reader).cast(schema)
+        wanted = pa.array([f"{account}\x00{smuid}" for account, smuid in keys])
+        key = pc.binary_join_element_wise(rows.column("account"), pc.cast(rows.column("smuid"), pa.string()), "\x00")
+        return rows.filter(pc.is_in(key, wanted))
+
     def stored_messages(self, smuids: list[int]) -> pa.Table:
         """The stored ``messages`` rows (columns :data:`_TRASH_SOURCE`) of ``smuids``."""
         schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _TRASH_SOURCE]))
@@ -359,12 +395,14 @@ class CommandSink:
         arrow_records = batch_df.toArrow() if records is None else records
         now = batch_now(arrow_records)
         pending = self.expiry_candidates(now)
-        stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())))
+        retrying = self.retry_candidates(nacked_keys(arrow_records))
+        stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
+                                             | set(retrying.column("smuid").to_pylist())))
         # One scan of the source: every branch of the query would otherwise re-read it.
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
-        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending))
-        for name, arrow, schema in (("pending", pending, routing.PENDING),
+        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0)
+        for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _TRASH_SOURCE]))):
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
@@ -466,18 +504,27 @@ class CommandSink:
             )
             .when_matched_update(
                 updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
-                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired')",
+                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed')",
             )
             .when_matched_update(
                 updates={"status": "s.status"},
                 predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted')",
+            )
+            .when_matched_update(
+                updates={"status": "s.status", "retries": "s.retries"},
+                predicate="s.status = 'trashed' AND t.status = 'pending'",
+            )
+            .when_matched_update(
+                updates={"retries": "s.retries"},
+                predicate="s.status = 'retry' AND t.status = 'pending'",
             )
             .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
             .execute()
         )
 
     def _commit_trash(self, arrow: pa.Table, batch_id: int) -> None:
-        """Insert the batch's Trash rows; a message already in the Trash is never added again."""
+        """Insert the batch's Trash rows; a message already in the Trash (for the whole message,
+        account '', or for one subscriber) is never added again."""
         rows = _to_table(arrow, "trash")
         if not rows.num_rows or (table := self._uncommitted("trash", batch_id)) is None:
             return
@@ -485,7 +532,8 @@ class CommandSink:
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
         (
             table.merge(
-                rows, predicate=f"t.smuid = s.smuid AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}",
+                rows, predicate=(f"t.smuid = s.smuid AND coalesce(t.account, '') = s.account "
+                                 f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
                 source_alias="s", target_alias="t",
                 commit_properties=_commit(self.app_id("trash"), batch_id),
             )

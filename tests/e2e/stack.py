@@ -9,13 +9,16 @@ import uuid
 from concurrent.futures import Future
 
 from deploy.broker import create_topics, free_port
+from gateway.accounts import hash_password
 from gateway.client import SMQPClient
 from gateway.server import Gateway
 from schemas.config import SMQPConfig, load_config
 
 
-def stack_config(broker, tmp_path, accounts=None, **gateway) -> SMQPConfig:
-    """A configuration with topics and tables of its own, so tests never see each other's data."""
+def stack_config(broker, tmp_path, accounts=None, topics=None, **gateway) -> SMQPConfig:
+    """A configuration with topics and tables of its own, so tests never see each other's data.
+
+    ``topics``: per-topic queue parameters (``[topics."/path"]``), e.g. short retry timeouts."""
     suffix = uuid.uuid4().hex[:8]
     config = load_config(
         env={}, data_dir=str(tmp_path / "data"),
@@ -23,10 +26,15 @@ def stack_config(broker, tmp_path, accounts=None, **gateway) -> SMQPConfig:
                "deliveries_topic": f"dlv-{suffix}"},
         gateway={"port": free_port(), **gateway},
         streaming={"query_name": f"router-{suffix}", "trigger_interval": "0 seconds"},
-        accounts=accounts or {},
+        accounts=accounts or {}, topics=topics or {},
     )
     create_topics(config.kafka)
     return config
+
+
+def hashed(**passwords: str) -> dict[str, str]:
+    """``[accounts]`` entries for the given passwords (a cheap KDF: tests log in often)."""
+    return {name: hash_password(password, iterations=1000) for name, password in passwords.items()}
 
 
 class GatewayThread:

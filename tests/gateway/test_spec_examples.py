@@ -126,7 +126,7 @@ def test_publish_message():
                  ("Name", "Stock quote for IBM"), ("Reply", "NO"), ("Timeout", "00:01:00"), ("Depth", "1"),
                  ("Sequence", "34")],
         sections=[Section([("Content-Type", "text/plain"), ("Content-Length", "6")], b"24.567")],
-        expires_at=SPEC_MICROS + 60_000_000,  # Timeout: 00:01:00 from acceptance
+        expires_at=SPEC_MICROS + 60_000_000, receipt="one",  # Timeout: 00:01:00 from acceptance; YES = ONE
     )
 
 

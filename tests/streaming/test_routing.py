@@ -43,10 +43,11 @@ def make_seq(offset: int):
 
 def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
           cmuid=None, priority=None, headers=None, sections=None, since=None, until=None,
-          accepted=None, expires_at=None, tick_at=None) -> tuple:
+          accepted=None, expires_at=None, tick_at=None, receipt=None, max_retries=None, reason=None) -> tuple:
     """One EVENTS row (field order of routing.EVENTS); accepted at ``accepted`` (an offset), else ``offset``."""
     return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset if accepted is None else accepted),
-            priority, headers, sections, since, until, expires_at, tick_at, seq(offset), 0, offset)
+            priority, headers, sections, since, until, expires_at, tick_at, receipt, max_retries, reason,
+            seq(offset), 0, offset)
 
 
 def publish(offset, smuid, topic, account="pub", **kw):
@@ -67,6 +68,10 @@ def unsubscribe(offset, account, pattern, guid="g"):
 
 def ack(offset, account, smuid, guid="g"):
     return event("ack", offset, account=account, smuid=smuid, guid=guid)
+
+
+def nack(offset, account, smuid, max_retries=3, guid="g"):
+    return event("nack", offset, account=account, smuid=smuid, guid=guid, max_retries=max_retries, reason="timeout")
 
 
 def sub_row(account, pattern, guid="g0", active=True, batch_id=0, since=None, until=None):
@@ -93,8 +98,9 @@ def frames(spark):
     class Frames:
         @staticmethod
         def events(*rows):
-            # rows written before expires_at / at existed: those two are null
-            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 2 else r for r in rows]
+            # rows written before expires_at / at, and receipt / max_retries / reason, existed: null
+            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 5 else r for r in rows]
+            rows = [r[:15] + (None, None, None) + r[15:] if len(r) == len(EVENTS) - 3 else r for r in rows]
             return spark.createDataFrame(rows, EVENTS)
 
         @staticmethod
@@ -103,8 +109,9 @@ def frames(spark):
 
         @staticmethod
         def deliveries(*rows):
-            # rows written before expires_at existed: a state message
-            rows = [r + (None,) if len(r) == len(DELIVERIES) - 1 else r for r in rows]
+            # rows written before expires_at existed: a state message; before receipts: none asked
+            rows = [r + (None,) if len(r) == len(DELIVERIES) - 2 else r for r in rows]
+            rows = [r + ("none",) if len(r) == len(DELIVERIES) - 1 else r for r in rows]
             return spark.createDataFrame(rows, DELIVERIES)
 
         @staticmethod
@@ -112,6 +119,16 @@ def frames(spark):
             return spark.createDataFrame(list(rows), schema)
 
     return Frames
+
+
+def no_retries(frames):
+    """An empty :data:`routing.RETRIED` frame: a batch without NACKs."""
+    return frames.of(routing.RETRIED)
+
+
+def dead(frames, expiring, retried=None):
+    """What :func:`routing.dead_messages` sends to the Trash for ``expiring`` (and ``retried``)."""
+    return routing.dead_messages(expiring, no_retries(frames) if retried is None else retried)
 
 
 def routed(frames, current, *events):
@@ -139,7 +156,7 @@ def test_parse_commands_reads_every_command_type_and_drops_bad_records(spark, fr
     actual = routing.parse_commands(frames.of(KAFKA_RECORD, *raw))
     expected = frames.events(
         ("publish", 7, "/stocks/quotes/ibm", "c1", "alice", "ga", None, at(0), 3, [["Subject", "IBM"]],
-         [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, seq(0), 0, 0),
+         [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, None, None, "none", None, None, seq(0), 0, 0),
         ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, None, None,
          seq(1), 0, 1),
         ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, None, None,
@@ -169,7 +186,7 @@ def test_control_events_the_job_does_not_route_change_nothing(frames):
     """The registry's events (topic admin, watches, sync, …) share the commands topic: a batch
     holding them parses, and so routes, exactly as the same batch without them."""
     publish_json = json.loads(ev.Publish(1, "/t/x", "c1", "alice", "ga", at(2)).to_bytes())
-    publish_json["receipt"] = "ALL"  # a field this job does not know yet is ignored too
+    publish_json["x_future"] = "ALL"  # a field this job does not know yet is ignored too
     commands = [ev.Subscribe("bob", "gb", "/t/*", at(0)).to_bytes(), json.dumps(publish_json).encode(),
                 ev.Ack("bob", "gb", 1, at(4)).to_bytes(),
                 ev.Publish(2, "/accounts/bob", "c2", "alice", "ga", at(6)).to_bytes(),
@@ -442,9 +459,9 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
     schema = StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), False)])
     expected = frames.of(
         schema,
-        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", None, True),
-        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, None, True),
-        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", None, False),
+        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", None, None, "none", True),
+        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, None, None, "none", True),
+        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", None, None, None, False),
     )
     actual = routing.delivery_updates(deliveries, acks, 5, routed_at)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
@@ -452,7 +469,7 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
 
 def test_message_rows(frames):
     evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
-    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None))
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None, "none"))
     assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
 
 
@@ -551,7 +568,7 @@ def test_an_ack_in_the_batch_wins_over_expiry_and_acked_messages_are_never_trash
                                 pending=[("bob", 5, "pending", NOW - 1), ("bob", 6, "acked", NOW - 1)])
     assert expiring.count() == 0
     messages = routing.message_rows(frames.events(publish(1, 1, "/t", expires_at=NOW)), 3)
-    assert routing.trash(expiring, messages, NOW, 3).count() == 0
+    assert routing.trash(dead(frames, expiring), messages, NOW, 3).count() == 0
 
 
 def test_a_message_with_no_subscriber_is_kept_unrouted_then_trashed_at_expiry(frames):
@@ -570,13 +587,13 @@ def test_a_message_with_no_subscriber_is_kept_unrouted_then_trashed_at_expiry(fr
 
     messages = routing.message_rows(frames.events(*publishes), 5)
     expected = frames.of(schemas_spark.TRASH_TABLE,
-                         (2, "/u", "/u/Trash", "expired", ts(10), "alice", "c2", [], [], 5))
-    assert_df_equality(routing.trash(expiring, messages, NOW, 5), expected, ignore_nullable=True)
+                         (2, "/u", "/u/Trash", "undeliverable", ts(10), "alice", "c2", [], [], 5, ""))
+    assert_df_equality(routing.trash(dead(frames, expiring), messages, NOW, 5), expected, ignore_nullable=True)
 
     # a later batch: its clock passes the first message's expiry, read back from the stored rows
     later, _ = expiry(frames, [], [], pending=[("", 1, "unrouted", NOW + 1)], now=NOW + 1)
     assert_df_equality(later, frames.of(routing.EXPIRING, ("", 1, False)), ignore_nullable=True)
-    assert routing.expired_records(later).count() == 0  # nobody to tell
+    assert routing.expired_records(later, no_retries(frames)).count() == 0  # nobody to tell
 
 
 def test_stored_deliveries_that_expire_are_updated_announced_and_trashed_once(frames):
@@ -585,17 +602,52 @@ def test_stored_deliveries_that_expire_are_updated_announced_and_trashed_once(fr
     updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 6, routed_at, NOW, unrouted, expiring)
     assert sorted((r.account, r.smuid, r.status, r.is_new) for r in updates.collect()) == [
         ("bob", 1, "expired", False), ("carol", 1, "expired", False)]
-    records = routing.expired_records(expiring).collect()
+    records = routing.expired_records(expiring, no_retries(frames)).collect()
     assert records and all(r.seq is None for r in records)
     assert sorted((r.key, ev.decode(r.value)) for r in records) == [
-        (b"bob", ev.Acked("bob", 1)), (b"carol", ev.Acked("carol", 1))]
-    stored = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, ts(10)))
-    trashed = routing.trash(expiring, stored, NOW, 6).collect()
-    assert [(r.smuid, r.trash_topic, r.reason, r.trashed_at, r.batch_id) for r in trashed] == [
-        (1, "/t/Trash", "expired", ts(10).replace(tzinfo=None), 6)]
+        (b"bob", ev.Acked("bob", 1, "expired")), (b"carol", ev.Acked("carol", 1, "expired"))]
+    stored = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, ts(10), "none"))
+    trashed = routing.trash(dead(frames, expiring), stored, NOW, 6).collect()
+    assert [(r.smuid, r.account, r.trash_topic, r.reason, r.trashed_at, r.batch_id) for r in trashed] == [
+        (1, "", "/t/Trash", "expired", ts(10).replace(tzinfo=None), 6)]
 
 
 def test_live_deliveries_leave_out_the_already_expired(frames):
     routed = frames.deliveries(delivery("bob", 1, "/t", 1, expires_at=NOW), delivery("bob", 2, "/t", 2))
     expiring = frames.of(routing.EXPIRING, ("bob", 1, True), ("bob", 2, False))
     assert [r.smuid for r in routing.live(routed, expiring).collect()] == [2]
+
+
+# -- retries
+
+
+def test_nacks_count_retries_until_max_retries_sends_the_delivery_to_the_trash(frames):
+    """A NOTIFY unacknowledged within the retry timeout is NACKed by the gateway; the count lives in
+    the stored delivery, and the NACK that passes the topic's max_retries (3: the first NOTIFY and
+    three more went unacknowledged) kills it."""
+    events = frames.events(nack(5, "bob", 1), nack(6, "bob", 1), nack(7, "carol", 1), nack(8, "dave", 1),
+                           nack(9, "erin", 1), nack(10, "frank", 1), ack(11, "frank", 1))
+    retrying = frames.of(routing.RETRYING, ("bob", 1, "pending", 2), ("carol", 1, "pending", None),
+                         ("dave", 1, "acked", 2), ("frank", 1, "pending", 0))  # erin: never routed
+    acks = routing.extract_acks(events)
+    retried = routing.retried(events, retrying, acks, frames.of(routing.EXPIRING))
+    expected = frames.of(routing.RETRIED, ("bob", 1, 4, True, seq(6)), ("carol", 1, 1, False, seq(7)))
+    assert_df_equality(retried, expected, ignore_row_order=True, ignore_nullable=True)
+
+    updates = routing.delivery_updates(frames.deliveries(), acks, 4, T0, None, retried=retried)
+    assert sorted((r.account, r.status, r.retries, r.is_new) for r in updates.collect()) == [
+        ("bob", "trashed", 4, False), ("carol", "retry", 1, False), ("frank", "acked", None, False)]
+    assert_df_equality(dead(frames, frames.of(routing.EXPIRING), retried),
+                       frames.of(routing.DEAD, (1, "bob", "max_retries")), ignore_nullable=True)
+    records = routing.expired_records(frames.of(routing.EXPIRING), retried).collect()
+    assert [(r.key, ev.decode(r.value), r.seq) for r in records] == [
+        (b"bob", ev.Acked("bob", 1, "max_retries"), make_seq(6))]
+
+
+def test_a_nack_of_a_delivery_that_expires_in_the_same_batch_is_not_counted(frames):
+    events = frames.events(nack(5, "bob", 1))
+    expiring = frames.of(routing.EXPIRING, ("bob", 1, False))
+    retried = routing.retried(events, frames.of(routing.RETRYING, ("bob", 1, "pending", 2)),
+                              routing.extract_acks(events), expiring)
+    assert retried.count() == 0
+    assert [(r.smuid, r.account, r.reason) for r in dead(frames, expiring, retried).collect()] == [(1, "", "expired")]

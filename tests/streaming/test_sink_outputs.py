@@ -35,16 +35,17 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
     unrouted = routing.unrouted(events, deliveries)
     pending = spark.createDataFrame([], routing.PENDING)
     expiring = routing.expiring(deliveries, unrouted, acks, pending, now)
+    retried = routing.retried(events, spark.createDataFrame([], routing.RETRYING), acks, expiring)
     live = routing.live(deliveries, expiring)
     messages = routing.message_rows(events, 7)
     expected = {
         "progress": spark.createDataFrame([(0, 10 + len(rows), len(rows))], OUTPUTS["progress"]),
         "deliver": routing.deliver_records(live),
         "acked": routing.acked_records(routing.settled(acks, live)),
-        "expired": routing.expired_records(expiring),
+        "expired": routing.expired_records(expiring, retried),
         "messages": messages,
-        "trash": routing.trash(expiring, messages, now, 7),
-        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring),
+        "trash": routing.trash(routing.dead_messages(expiring, retried), messages, now, 7),
+        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring, retried),
         "subscriptions": routing.subscription_state(intervals, 7),
     }
     assert set(out) == set(expected)

@@ -68,3 +68,16 @@ def test_progress_records_the_jobs_command_offsets():
     book.apply(Progress({"0": 10}))
     book.apply(Progress({"0": 12}))
     assert book.commands_offsets == {"0": 12}
+
+
+def test_a_withdrawn_delivery_is_never_notified_and_leaves_the_account_pending_set():
+    """The job's Acked with a reason other than "acked" (expired, max_retries) withdraws it."""
+    book = DeliveryBook()
+    for smuid in (1, 2, 3):
+        book.apply(deliver(smuid))
+    queue = book.queue_for_login("bob")
+    book.apply(Acked("bob", 2, "expired"))
+    queue.discard(2)
+    queue.discard(99)  # not queued: nothing happens
+    assert drain(queue) == [1, 3]
+    assert book.pending_count("bob") == 2
