@@ -87,6 +87,7 @@ from schemas.events import (
     RenameTopic,
     Section,
     SetLogin,
+    SetTopicDelivery,
     SetTopicKeywords,
     Subscribe,
     Unsubscribe,
@@ -580,6 +581,7 @@ _HEADER_CHECKS = MappingProxyType({
     "timeout": _parses(parse_timeout),
     "created": _parses(parse_date_time),
     "receipt": lambda value: value.upper() in _RECEIPT_MODES,
+    "delivery": lambda value: value.upper() in ("ALL", "ONE"),
 })
 
 
@@ -1278,6 +1280,8 @@ class Session:
             return self._set_topic_name(args[2:])
         if resource == "TOPIC" and attribute in ("KEYWORD", "KEYWORDS", "KEY"):
             return self._set_topic_keywords(args[2:])
+        if resource == "TOPIC" and attribute in ("DELIVERY", "DEL"):
+            return self._set_topic_delivery(args[2:])
         if resource == "LOGIN" and attribute in ("PASSWORD", "PASS"):
             return self._set_password(args[2:])
         if resource == "LOGIN" and attribute in _PROFILE and self._rest(3):
@@ -1287,7 +1291,7 @@ class Session:
             return self._set_notify_port(args[2:])
         if resource == "NOTIFY" and attribute in ("SUSPEND", "SUS", "RESUME", "RES"):
             return self._suspend_or_resume(attribute.startswith("SUS"), args[2:])
-        return self._usage("SET TOPIC NAME|KEYWORD ... | SET LOGIN PASSWORD|NAME|EMAIL|ADDRESS|PHONE ... "
+        return self._usage("SET TOPIC NAME|KEYWORD|DELIVERY ... | SET LOGIN PASSWORD|NAME|EMAIL|ADDRESS|PHONE ... "
                            "| SET NOTIFY PORT|SUSPEND|RESUME ...")
 
     def _set_topic_name(self, args: list[str]) -> list[Action]:
@@ -1314,6 +1318,26 @@ class Session:
         if not self._may("admin", topic):
             return self._denied("admin", topic)
         return self._control(SetTopicKeywords(self._new_request(), self._account, topic, keywords, self._now()))
+
+    def _set_topic_delivery(self, args: list[str]) -> list[Action]:
+        """``SET TOPIC DELIVERY <topic> ALL|ONE`` (2002 revision); the administrator's right."""
+        if len(args) != 2 or args[1].upper() not in ("ALL", "ONE"):
+            return self._usage("SET TOPIC DELIVERY <topic> ALL|ONE")
+        error, topic = self._topic(args[0])
+        if error is not None:
+            return self._error(error)
+        if not self._may("admin", topic):
+            return self._denied("admin", topic)
+        return self._control(SetTopicDelivery(self._new_request(), self._account, topic, args[1].lower(),
+                                              self._now()))
+
+    def _delivery_mode(self, topic: str, headers: Headers) -> str:
+        """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``), which a
+        message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
+        mode = self._registry.delivery(topic) or self._queue(topic).delivery
+        if mode is None:
+            mode = next((v for n, v in headers if n.lower() == "delivery"), "all")
+        return mode.lower()
 
     def _set_password(self, args: list[str]) -> list[Action]:
         """CLEAR negotiation: ``200 + old password``, the old one, ``+ new password``, the new one."""
@@ -1432,6 +1456,7 @@ class Session:
             account=self._account, guid=self._guid, accepted_at=now,
             priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
             expires_at=self._expiry(topic, headers, now), receipt=receipt_mode(headers),
+            delivery=self._delivery_mode(topic, headers),
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
         return [Durable(event, topic.encode("utf-8"), reply)]

@@ -28,6 +28,7 @@ from schemas.events import (
     RenameTopic,
     SetLogin,
     SetServerTimeout,
+    SetTopicDelivery,
     SetTopicKeywords,
     Subscribe,
     Sync,
@@ -51,6 +52,7 @@ class Topic:
     keywords: tuple[str, ...] = ()
     target: str | None = None
     removed: bool = False
+    delivery: str | None = None  # SET TOPIC DELIVERY: "all" | "one"; None: not set
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,17 @@ class Registry:
             changes.append(TopicChanged(moved, f"RENAME {renamed}"))
         return Reply.ok(), changes
 
+    def _set_delivery(self, event: SetTopicDelivery) -> tuple[Reply, list[Change]]:
+        if not self.live(event.topic) or is_account_topic(event.topic):
+            return Reply.error(NOT_FOUND, event.topic), []
+        self.topics[event.topic] = replace(self.topics[event.topic], delivery=event.delivery)
+        return Reply.ok(), []
+
+    def delivery(self, topic: str) -> str | None:
+        """The delivery mode SET TOPIC DELIVERY gave ``topic`` (None: never set)."""
+        found = self.topics.get(topic)
+        return found.delivery if found else None
+
     def _set_keywords(self, event: SetTopicKeywords) -> tuple[Reply, list[Change]]:
         if not self.live(event.topic) or is_account_topic(event.topic):
             return Reply.error(NOT_FOUND, event.topic), []
@@ -252,6 +265,7 @@ class Registry:
 
     _FOLDS = {
         CreateTopic: _create, RemoveTopic: _remove, RenameTopic: _rename, SetTopicKeywords: _set_keywords,
+        SetTopicDelivery: _set_delivery,
         SetLogin: _set_login, Subscribe: _subscribe, Unsubscribe: _unsubscribe, Watch: _watch,
         Unwatch: _unwatch, SetServerTimeout: _set_server_timeout, Sync: _sync,
     }

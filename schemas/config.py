@@ -33,7 +33,7 @@ class GatewayConfig:
     port: int = 7720
     server_ident: str = "SMQP-on-Spark/0.1"
     server_host: str = "localhost"  # host part of Smuid attributes
-    node_id: int = 0  # 0..1023, unique per gateway of a farm: part of every SMUID
+    node_id: int = 0  # 0..1022, unique per gateway of a farm: part of every SMUID (1023 is the job's)
     default_timeout: str = "01:00:00:00"
     allow_guest: bool = True
     max_line_bytes: int = 8192

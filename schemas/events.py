@@ -78,6 +78,9 @@ class Publish(_Event):
     # default, counted from acceptance; None for a state message (Timeout: INFINITE)
     expires_at: int | None = None
     receipt: str = "none"  # RECEIPT: "none" | "one" | "all" (draft-04's YES/NO read as ONE/NONE)
+    # DELIVERY (2002): "all" subscribers, or "one" of them; the topic's mode (SET TOPIC DELIVERY,
+    # else its configured one) overrides the message's Delivery attribute
+    delivery: str = "all"
 
 
 @dataclass
@@ -185,6 +188,19 @@ class SetTopicKeywords(_Event):
     account: str
     topic: str
     keywords: list[str]
+    accepted_at: int
+
+
+@dataclass
+class SetTopicDelivery(_Event):
+    """SET TOPIC DELIVERY ``topic`` ALL|ONE (2002 revision): the topic's delivery mode, which a
+    message's ``Delivery`` attribute cannot override."""
+
+    TYPE: ClassVar[str] = "set_topic_delivery"
+    request: str
+    account: str
+    topic: str
+    delivery: str  # "all" | "one"
     accepted_at: int
 
 
@@ -298,12 +314,13 @@ class Progress(_Event):
 
 EVENT_TYPES: dict[str, type[_Event]] = {
     cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, CreateTopic, RemoveTopic, RenameTopic,
-                              SetTopicKeywords, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
+                              SetTopicKeywords, SetTopicDelivery, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
                               Tick, Deliver, Acked, Progress)
 }
 
 #: Events the gateways' registry folds; they travel on commands partition 0.
 CONTROL_TYPES = frozenset({Subscribe, Unsubscribe, CreateTopic, RemoveTopic, RenameTopic, SetTopicKeywords,
+                           SetTopicDelivery,
                            SetLogin, Watch, Unwatch, SetServerTimeout, Sync})
 
 

@@ -50,6 +50,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from schemas.smuid import EPOCH_MS, JOB_NODE_ID, MAX_SEQUENCE, NODE_BITS, SEQUENCE_BITS
 from schemas.spark import COMMAND_EVENT, HEADERS, MESSAGES_TABLE, SECTION_JSON, TRASH_TABLE
 
 #: Total order of commands within a batch (and across batches on one partition).
@@ -754,3 +755,113 @@ def expired_records(expiring: DataFrame, retried: DataFrame) -> DataFrame:
     not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
     (:func:`retried`, ``dead``)."""
     return run_sql(expired_records_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})
+
+
+# -- receipts (2002 revision: RECEIPT ONE / ALL, and "X/Y" when the timeout passes first)
+
+#: The stored deliveries of messages that asked for a receipt (``deliveries`` rows, receipt one/all).
+RECEIPT_STATE = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("status", StringType(), True),
+    StructField("receipt", StringType(), True),
+])
+
+#: Output of :func:`receipts_due`: the messages whose receipt goes out in this batch.
+RECEIPTS_DUE = StructType([
+    StructField("smuid", LongType(), True),
+    StructField("mode", StringType(), True),
+    StructField("acked", IntegerType(), True),  # X
+    StructField("targeted", IntegerType(), True),  # Y
+])
+
+#: Output of :func:`receipt_messages`: a receipt as a delivery to its publisher, plus what it is about.
+RECEIPT_MESSAGES = StructType(list(DELIVERIES.fields) + [
+    StructField("receipt_for", LongType(), True),
+    StructField("mode", StringType(), True),
+    StructField("acked", IntegerType(), True),
+    StructField("targeted", IntegerType(), True),
+])
+
+
+def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str) -> str:
+    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring`` and ``receipted``."""
+    return f"""SELECT smuid, mode, acked, targeted FROM (
+  SELECT s.smuid, max(s.receipt) AS mode,
+         CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
+         CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
+  FROM {state} s
+  LEFT JOIN {acks} a ON a.account = s.account AND a.smuid = s.smuid
+  LEFT JOIN (SELECT DISTINCT smuid FROM {expiring}) e ON e.smuid = s.smuid
+  WHERE s.account <> '' AND s.receipt IN ('one', 'all')
+  GROUP BY s.smuid)
+WHERE ((mode = 'one' AND acked >= 1) OR (mode = 'all' AND acked = targeted) OR expiring)
+  AND smuid NOT IN (SELECT smuid FROM {receipted})"""
+
+
+def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame) -> DataFrame:
+    """The receipts this batch owes → :data:`RECEIPTS_DUE`.
+
+    ``state`` holds every stored delivery (:data:`RECEIPT_STATE`) of the
+    messages concerned; this batch's ACKs count as acknowledged.  A RECEIPT
+    ONE message is due at its first acknowledgement, a RECEIPT ALL message
+    when every subscriber it was routed to acknowledged it, and either one,
+    when its timeout passes first (it is :func:`expiring`), with ``X/Y`` =
+    ``acked/targeted`` so far.  ``receipted`` (smuids) were answered already:
+    a message gets one receipt, ever.
+    """
+    return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}"),
+                   {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted})
+
+
+def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:
+    """SQL of :func:`receipt_messages` over the relations ``due`` and ``messages``."""
+    if now is None:
+        return empty_sql(RECEIPT_MESSAGES)[1:-1]
+    k = "_k"
+    smuid = (f"shiftleft({sql_literal(now // 1000 - EPOCH_MS)} + div({k}, {MAX_SEQUENCE + 1}), "
+             f"{NODE_BITS + SEQUENCE_BITS}) | shiftleft(CAST({JOB_NODE_ID} AS BIGINT), {SEQUENCE_BITS}) "
+             f"| ({k} % {MAX_SEQUENCE + 1})")
+    body = "concat(d.acked, '/', d.targeted)"
+    return f"""SELECT lower(m.publisher) AS account, {smuid} AS smuid, concat('/accounts/', lower(m.publisher)) AS topic,
+       m.cmuid, m.publisher, m.publisher_guid, {sql_literal(now)} AS accepted_at, 0 AS priority,
+       array(array('Receipt', upper(d.mode)), array('Receipt-For', CAST(d.smuid AS STRING)),
+             array('Delivered', {body})) AS headers,
+       array(named_struct('headers', array(array('Content-Type', 'text/plain'),
+                                           array('Content-Length', CAST(length({body}) AS STRING))),
+                          'data', base64(CAST({body} AS BINARY)))) AS sections,
+       CAST(NULL AS {_SEQ_DDL}) AS seq, CAST(NULL AS BIGINT) AS expires_at, 'none' AS receipt,
+       d.smuid AS receipt_for, d.mode, d.acked, d.targeted
+FROM (SELECT *, row_number() OVER (ORDER BY smuid) - 1 AS {k} FROM {due}) d
+JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = d.smuid"""
+
+
+def receipt_messages(due: DataFrame, messages: DataFrame, now: int | None) -> DataFrame:
+    """:func:`receipts_due` → the receipt messages (:data:`RECEIPT_MESSAGES`), one each.
+
+    A receipt is a message on the publisher's account topic
+    (``/accounts/<publisher>``, which reaches its owner), carrying the
+    original's Cmuid and the attributes ``Receipt`` (ONE / ALL),
+    ``Receipt-For`` (the original SMUID) and ``Delivered: X/Y``, with ``X/Y``
+    as its text body.  Its SMUID is the job's own (node
+    :data:`schemas.smuid.JOB_NODE_ID`, the batch's clock, a sequence by
+    original SMUID), so a replayed batch makes the same receipt.
+    ``messages`` has the ``MESSAGES_TABLE`` columns.
+    """
+    return run_sql(receipt_messages_sql("{due}", "{messages}", now), {"due": due, "messages": messages})
+
+
+def receipt_rows_sql(receipts: str, batch_id: int) -> str:
+    """SQL: :func:`receipt_messages` → ``RECEIPTS_TABLE`` rows (what was answered, when, with which message)."""
+    return f"""SELECT receipt_for AS smuid, publisher, mode, acked, targeted, smuid AS receipt_smuid,
+       timestamp_micros(accepted_at) AS receipted_at, {sql_literal(batch_id)} AS batch_id
+FROM {receipts}"""
+
+
+def receipt_message_rows_sql(receipts: str, batch_id: int) -> str:
+    """SQL: :func:`receipt_messages` → ``MESSAGES_TABLE`` rows (a receipt is a message of record too)."""
+    return f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, priority, headers, sections,
+       timestamp_micros(accepted_at) AS accepted_at, CAST(NULL AS INT) AS kafka_partition,
+       CAST(NULL AS BIGINT) AS kafka_offset, {sql_literal(batch_id)} AS batch_id,
+       CAST(NULL AS TIMESTAMP) AS expires_at, receipt
+FROM {receipts}"""

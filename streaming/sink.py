@@ -42,8 +42,8 @@ from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, Lo
                                StructType)
 
 from schemas.config import SMQPConfig
-from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, SUBSCRIPTIONS_TABLE, TABLES, TRASH_TABLE,
-                           arrow_schema)
+from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
+                           TRASH_TABLE, arrow_schema)
 from streaming import routing
 
 log = logging.getLogger(__name__)
@@ -87,13 +87,17 @@ OUTPUTS: dict[str, StructType] = {
     "trash": TRASH_TABLE,
     "deliveries": StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), True)]),
     "subscriptions": SUBSCRIPTIONS_TABLE,
+    "receipts": RECEIPTS_TABLE,
 }
 
 _UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                         StructField("priority", IntegerType()), StructField("expires_at", LongType())])
 
-#: The columns of the stored messages the Trash needs.
-_TRASH_SOURCE = ["smuid", "topic", "cmuid", "publisher", "headers", "sections", "batch_id"]
+#: The columns of the stored messages the Trash and the receipts need.
+_TRASH_SOURCE = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "headers", "sections", "batch_id"]
+
+#: The smuids already answered with a receipt (``receipts`` rows).
+_RECEIPTED = StructType([StructField("smuid", LongType())])
 
 
 def _ddl(kind: DataType) -> str:
@@ -116,11 +120,13 @@ def _as_struct(kind: StructType) -> str:
 
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
-              retries: bool = True) -> str:
+              retries: bool = True, receipts: bool = True) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
-    messages of both, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`).
+    messages of both, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`), ``{receipt_state}`` (the
+    stored deliveries of messages acknowledged or expiring in this batch that asked for a receipt,
+    :data:`routing.RECEIPT_STATE`) and ``{receipted}`` (which of those were answered already).
 
     Each routing transform is a CTE of its own SQL (``routing.*_sql``, the text
     the public transforms run); every output is a struct column of its
@@ -129,7 +135,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     routed in this batch, and whether a stored one, can expire (:func:`may_expire`);
     what cannot is left out of the plan (the whole of expiry would cost every
     micro-batch about twice as many shuffles); so is the retry count when the batch holds
-    no NACK (``retries``).
+    no NACK (``retries``), and so are receipts when no message concerned asked for one
+    (``receipts``).
     """
     new, stored = expiry
     source = ", ".join(_TRASH_SOURCE)
@@ -149,14 +156,22 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "dead": routing.dead_messages_sql("expiring", "retried"),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
-        "out_deliver": routing.deliver_records_sql("live"),
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
         "out_expired": routing.expired_records_sql("expiring", "retried"),
-        "out_messages": routing.message_rows_sql("events", batch_id),
-        "all_messages": f"SELECT {source} FROM out_messages UNION ALL SELECT {source} FROM {{stored}}",
+        "new_messages": routing.message_rows_sql("events", batch_id),
+        "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
+        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
+                         else routing.empty_sql(routing.RECEIPTS_DUE)[1:-1]),
+        "receipt_messages": routing.receipt_messages_sql("receipts_due", "all_messages", now),
+        "receipt_deliveries": f"SELECT {', '.join(routing.DELIVERIES.fieldNames())} FROM receipt_messages",
+        "new_deliveries": "SELECT * FROM routed UNION ALL SELECT * FROM receipt_deliveries",
+        "out_deliver": routing.deliver_records_sql("(SELECT * FROM live UNION ALL SELECT * FROM receipt_deliveries)"),
+        "out_messages": ("SELECT * FROM new_messages UNION ALL "
+                         + routing.receipt_message_rows_sql("receipt_messages", batch_id)),
+        "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
-        "out_deliveries": routing.delivery_updates_sql("routed", "acks", batch_id, routed_at, now,
+        "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
                                                        "unrouted", "expiring", "retried"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
@@ -223,6 +238,17 @@ def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
             event = json.loads(raw)
             keys.add((str(event["account"]), int(event["smuid"])))
     return sorted(keys)
+
+
+_ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
+
+
+def acked_smuids(records: pa.Table) -> list[int]:
+    """The smuids the batch's ACK records name."""
+    values = pc.cast(records.column("value"), pa.string())
+    acks = values.filter(pc.match_substring_regex(values, _ACK.pattern))
+    numbers = pc.struct_field(pc.extract_regex(acks, r'"smuid"\s*:\s*(?P<n>\d+)'), [0])
+    return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
 
 
 def _only_ticks(records: pa.Table) -> bool:
@@ -361,6 +387,27 @@ class CommandSink:
         key = pc.binary_join_element_wise(rows.column("account"), pc.cast(rows.column("smuid"), pa.string()), "\x00")
         return rows.filter(pc.is_in(key, wanted))
 
+    def receipt_state(self, smuids: list[int]) -> pa.Table:
+        """Every stored delivery (:data:`routing.RECEIPT_STATE`) of those of ``smuids`` that asked for
+        a receipt.  delta-rs prunes by the ``receipt`` statistics: files of messages that asked for
+        none (most) cost nothing."""
+        schema = arrow_schema(routing.RECEIPT_STATE)
+        if not smuids:
+            return schema.empty_table()
+        listed = ", ".join(str(int(smuid)) for smuid in smuids)
+        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+                  .execute("SELECT account, smuid, status, receipt FROM deliveries "
+                           f"WHERE receipt IN ('one', 'all') AND smuid IN ({listed})"))
+        return pa.table(reader).cast(schema)
+
+    def receipted(self, smuids: list[int]) -> pa.Table:
+        """Which of ``smuids`` were answered with a receipt already (``receipts`` rows)."""
+        schema = arrow_schema(_RECEIPTED)
+        if not smuids:
+            return schema.empty_table()
+        return self._table("receipts").to_pyarrow_table(
+            columns=["smuid"], filters=[("smuid", "in", sorted(smuids))]).cast(schema)
+
     def stored_messages(self, smuids: list[int]) -> pa.Table:
         """The stored ``messages`` rows (columns :data:`_TRASH_SOURCE`) of ``smuids``."""
         schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _TRASH_SOURCE]))
@@ -396,13 +443,19 @@ class CommandSink:
         now = batch_now(arrow_records)
         pending = self.expiry_candidates(now)
         retrying = self.retry_candidates(nacked_keys(arrow_records))
+        state = self.receipt_state(sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
+        concerned = sorted(set(state.column("smuid").to_pylist()))
+        receipted = self.receipted(concerned)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
-                                             | set(retrying.column("smuid").to_pylist())))
+                                             | set(retrying.column("smuid").to_pylist()) | set(concerned)))
         # One scan of the source: every branch of the query would otherwise re-read it.
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
-        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0)
+        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
+                        state.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
+                                    ("receipt_state", state, routing.RECEIPT_STATE),
+                                    ("receipted", receipted, _RECEIPTED),
                                     ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _TRASH_SOURCE]))):
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
@@ -446,14 +499,16 @@ class CommandSink:
         nobody = pc.equal(deliveries.column("account"), "")
         self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
         self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
+        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
         self._commit_subscriptions(out["subscriptions"], batch_id)
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
         done = time.monotonic()
-        log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d ms (spark %d, delta %d)",
+        log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d receipts, "
+                 "%d ms (spark %d, delta %d)",
                  batch_id, sum(r["records"] for r in progress), out["deliver"].num_rows,
-                 out["acked"].num_rows, out["expired"].num_rows, out["trash"].num_rows,
+                 out["acked"].num_rows, out["expired"].num_rows, out["trash"].num_rows, out["receipts"].num_rows,
                  (done - started) * 1000, (computed - started) * 1000, (committed - computed) * 1000)
 
     # -- Kafka
@@ -537,6 +592,18 @@ class CommandSink:
                 source_alias="s", target_alias="t",
                 commit_properties=_commit(self.app_id("trash"), batch_id),
             )
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def _commit_receipts(self, arrow: pa.Table, batch_id: int) -> None:
+        """Record the receipts sent: a message is answered once, ever."""
+        rows = _to_table(arrow, "receipts")
+        if not rows.num_rows or (table := self._uncommitted("receipts", batch_id)) is None:
+            return
+        (
+            table.merge(rows, predicate="t.smuid = s.smuid", source_alias="s", target_alias="t",
+                        commit_properties=_commit(self.app_id("receipts"), batch_id))
             .when_not_matched_insert_all()
             .execute()
         )

@@ -113,3 +113,43 @@ def test_a_notify_never_acknowledged_is_sent_max_retries_more_times_then_trashed
         (doomed, "sub", "max_retries", "/q/flaky/Trash")]
     by_smuid = {row["smuid"]: row for row in deliveries}
     assert (by_smuid[doomed]["status"], by_smuid[doomed]["retries"]) == ("trashed", 3)
+
+
+def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_account_topic(broker, spark, tmp_path):
+    """RECEIPT ALL: once every subscriber acknowledged, a receipt message arrives on
+    /accounts/<publisher>; when the timeout passes first, the receipt says X/Y."""
+    config = stack_config(broker, tmp_path, accounts=hashed(ann="a", ben="b", pub="p"))
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/q/orders")
+        async with await SMQPClient.open(*address, "ann", "a") as ann, \
+                await SMQPClient.open(*address, "ben", "b") as ben, \
+                await SMQPClient.open(*address, "pub", "p") as pub:
+            await ann.subscribe("/q/orders")
+            await ben.subscribe("/q/orders")
+            both = await pub.publish("/q/orders", "for both", headers=[("Receipt", "ALL")])
+            for subscriber in (ann, ben):
+                note = await subscriber.next_notification(60)
+                assert note.smuid == both
+                await note.ack()
+            receipt = await pub.next_notification(60)
+            await receipt.ack()
+            await ben.close()  # ben goes away: the next one reaches only ann before it times out
+            half = await pub.publish("/q/orders", "for one", headers=[("Receipt", "ALL"), ("Timeout", "00:00:00:02")])
+            note = await ann.next_notification(60)
+            assert note.smuid == half
+            await note.ack()
+            late = await pub.next_notification(60)
+            await late.ack()
+            return both, receipt, half, late
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        both, receipt, half, late = asyncio.run(scenario(gateway.address))
+    for note, smuid, delivered in ((receipt, both, "2/2"), (late, half, "1/2")):
+        assert note.topic == "/accounts/pub"
+        assert (note.header("Receipt"), note.header("Receipt-For"), note.header("Delivered")) == (
+            "ALL", str(smuid), delivered)
+        assert note.data == delivered.encode()
+    receipts = table_rows(config, "receipts")
+    assert sorted((r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in receipts) == [
+        (both, "all", 2, 2), (half, "all", 1, 2)]

@@ -251,7 +251,7 @@ def test_a_two_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_adds
     assert time.time_ns() // 1000 >= two_s
     assert sorted((t["smuid"], t["topic"], t["trash_topic"], t["reason"], t["publisher"], t["cmuid"])
                   for t in trash) == [(1, "/t/x", "/t/x/Trash", "expired", "alice", "c1"),
-                                      (4, "/u", "/u/Trash", "expired", "alice", "c4")]
+                                      (4, "/u", "/u/Trash", "undeliverable", "alice", "c4")]
     expires = datetime.fromtimestamp(two_s / 1e6, timezone.utc)
     assert all(t["trashed_at"] >= expires for t in trash)
     assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries") + rows_of(config, "unrouted")) == [

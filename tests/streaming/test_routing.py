@@ -651,3 +651,38 @@ def test_a_nack_of_a_delivery_that_expires_in_the_same_batch_is_not_counted(fram
                               routing.extract_acks(events), expiring)
     assert retried.count() == 0
     assert [(r.smuid, r.account, r.reason) for r in dead(frames, expiring, retried).collect()] == [(1, "", "expired")]
+
+
+# -- receipts
+
+
+def test_receipts_fall_due_at_the_first_ack_for_one_at_the_last_for_all_and_x_of_y_at_expiry(frames):
+    state = frames.of(routing.RECEIPT_STATE,
+                      ("bob", 1, "pending", "one"), ("carol", 1, "pending", "one"),  # ONE: bob acks now
+                      ("bob", 2, "acked", "all"), ("carol", 2, "pending", "all"),  # ALL: carol acks now
+                      ("bob", 3, "acked", "all"), ("carol", 3, "pending", "all"),  # ALL: not yet
+                      ("bob", 4, "acked", "all"), ("carol", 4, "pending", "all"),  # ALL: expires now, 1/2
+                      ("bob", 5, "acked", "one"),  # answered in an earlier batch
+                      ("bob", 6, "pending", "none"))  # asked for none
+    events = frames.events(ack(1, "bob", 1), ack(2, "carol", 2), ack(3, "bob", 5), ack(4, "bob", 6))
+    expiring = frames.of(routing.EXPIRING, ("carol", 4, False))
+    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]), (5,))
+    due = routing.receipts_due(state, routing.extract_acks(events), expiring, receipted)
+    expected = frames.of(routing.RECEIPTS_DUE, (1, "one", 1, 2), (2, "all", 2, 2), (4, "all", 1, 2))
+    assert_df_equality(due, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_a_receipt_is_a_message_to_the_publishers_account_topic_with_x_of_y(frames):
+    due = frames.of(routing.RECEIPTS_DUE, (20, "all", 4, 6), (10, "one", 1, 3))
+    messages = frames.of(MESSAGES_TABLE, (10, "/t", "c10", "alice", "ga", 0, [], [], ts(1), 0, 1, 2, None, "one"),
+                         (20, "/t", "c20", "Bob", "gb", 0, [], [], ts(2), 0, 2, 2, None, "all"))
+    rows = routing.receipt_messages(due, messages, NOW).orderBy("receipt_for").collect()
+    assert [(r.account, r.topic, r.cmuid, r.receipt_for, r.headers) for r in rows] == [
+        ("alice", "/accounts/alice", "c10", 10, [["Receipt", "ONE"], ["Receipt-For", "10"], ["Delivered", "1/3"]]),
+        ("bob", "/accounts/bob", "c20", 20, [["Receipt", "ALL"], ["Receipt-For", "20"], ["Delivered", "4/6"]])]
+    assert [ev.Section.from_json(r.sections[0].asDict()).data for r in rows] == [b"1/3", b"4/6"]
+    # the job's own SMUIDs: node 1023, the batch's clock, one sequence number each, in order
+    from schemas.smuid import EPOCH_MS, JOB_NODE_ID, compose
+    assert [r.smuid for r in rows] == [compose(NOW // 1000 - EPOCH_MS, JOB_NODE_ID, k) for k in (0, 1)]
+    # the same batch replayed makes the same receipts
+    assert routing.receipt_messages(due, messages, NOW).orderBy("receipt_for").collect() == rows

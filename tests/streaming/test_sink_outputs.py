@@ -47,6 +47,9 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
         "trash": routing.trash(routing.dead_messages(expiring, retried), messages, now, 7),
         "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring, retried),
         "subscriptions": routing.subscription_state(intervals, 7),
+        "receipts": routing.run_sql(routing.receipt_rows_sql("{receipts}", 7), {"receipts": routing.receipt_messages(
+            routing.receipts_due(spark.createDataFrame([], routing.RECEIPT_STATE), acks, expiring,
+                                 spark.createDataFrame([], "smuid bigint")), messages, now)}),
     }
     assert set(out) == set(expected)
     assert {kind: out[kind].num_rows for kind in out} == sizes
@@ -72,7 +75,7 @@ def test_outputs_equal_the_public_transforms(spark, tmp_path):
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
         {"progress": 1, "deliver": 3, "acked": 2, "expired": 0, "messages": 2, "trash": 0, "deliveries": 4,
-         "subscriptions": 2})
+         "subscriptions": 2, "receipts": 0})
 
 
 def test_outputs_with_bounds_account_topics_and_control_events(spark, tmp_path):
@@ -92,7 +95,7 @@ def test_outputs_with_bounds_account_topics_and_control_events(spark, tmp_path):
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
         {"progress": 1, "deliver": 2, "acked": 0, "expired": 0, "messages": 4, "trash": 0, "deliveries": 2,
-         "subscriptions": 1})
+         "subscriptions": 1, "receipts": 0})
 
 
 def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
@@ -111,7 +114,7 @@ def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
         {"progress": 1, "deliver": 2, "acked": 0, "expired": 0, "messages": 5, "trash": 2, "deliveries": 5,
-         "subscriptions": 1})
+         "subscriptions": 1, "receipts": 0})
     out = sink.outputs(spark.createDataFrame(
         [(None, c.to_bytes(), "cmd", 0, i, T0, 0) for i, c in enumerate(commands)], KAFKA_RECORD), 7, T0)
     assert sorted(out["trash"].column("smuid").to_pylist()) == [1, 4]
