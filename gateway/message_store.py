@@ -96,17 +96,17 @@ def _smuid_micros(smuid: int) -> int:
     return ((smuid >> (NODE_BITS + SEQUENCE_BITS)) + EPOCH_MS) * 1000
 
 
-def _stored(row: dict, topic: str, origin: dict | None = None) -> StoredMessage:
-    """A ``messages`` row, or a ``trash`` row completed by its message's ``origin`` row, decoded."""
-    source = row if origin is None else origin
+def _stored(row: dict, topic: str, origin: dict) -> StoredMessage:
+    """A ``messages`` row (``origin`` is the row itself), or a ``trash`` row completed by its
+    message's ``messages`` row ``origin`` (``{}`` when that is gone), decoded."""
     return StoredMessage(
         smuid=row["smuid"],
         topic=topic,
         cmuid=row["cmuid"] or "",
         publisher=row["publisher"] or "",
-        publisher_guid=source.get("publisher_guid") or "",
-        accepted_at=source.get("accepted_at") or _smuid_micros(row["smuid"]),
-        priority=source.get("priority") or 0,
+        publisher_guid=origin.get("publisher_guid") or "",
+        accepted_at=origin.get("accepted_at") or _smuid_micros(row["smuid"]),
+        priority=origin.get("priority") or 0,
         headers=_headers(row["headers"]),
         sections=[_section(s) for s in row["sections"] or ()],
         trash_reason=row.get("reason"),
@@ -164,7 +164,7 @@ class MessageStore:
             if table is None:
                 return []
             rows = table.to_pyarrow_table(columns=COLUMNS, filters=[("topic", "=", topic)])
-        return [_stored(row, topic) for row in _unique(_with_micros(rows, "accepted_at"))]
+        return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
 
     def trashed(self, topic: str) -> list[StoredMessage]:
         """The messages in canonical ``topic``'s Trash, by ascending SMUID, with why and when.
@@ -182,10 +182,9 @@ class MessageStore:
             if not rows.num_rows:
                 return []
             messages = self._current(self.messages_path)
-            smuids = rows.column("smuid")
-            origins = messages.to_pyarrow_table(columns=ORIGIN_COLUMNS, filters=[
-                ("topic", "=", topic), ("smuid", ">=", pc.min(smuids).as_py()), ("smuid", "<=", pc.max(smuids).as_py()),
-            ]) if messages is not None else None
-        found = {} if origins is None else {row["smuid"]: row for row in _with_micros(origins, "accepted_at").to_pylist()}
+            low, high = (bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
+            origins = None if messages is None else messages.to_pyarrow_table(columns=ORIGIN_COLUMNS, filters=[
+                ("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])
+        found = {} if origins is None else {o["smuid"]: o for o in _with_micros(origins, "accepted_at").to_pylist()}
         return [_stored(row, topic, found.get(row["smuid"], {}))
                 for row in _unique(_with_micros(rows, "trashed_at"))]

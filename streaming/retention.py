@@ -66,6 +66,7 @@ class TrashSweeper:
         self.last: int | None = None  # the clock of the last sweep
 
     def due(self, now: int | None) -> bool:
+        """A sweep is due at ``now``: a retention, a clock, and an interval since the last one."""
         return (self.retention is not None and now is not None
                 and (self.last is None or now - self.last >= self.interval))
 

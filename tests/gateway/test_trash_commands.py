@@ -24,8 +24,11 @@ def trashed(smuid: int, topic: str = IBM, reason: str = "expired", **changes):
     return dataclasses.replace(stored(smuid, topic), trash_reason=reason, trashed_at=TRASHED_AT, **changes)
 
 
-def with_trash(*messages, topics=(IBM,), live=(), registry=None, login=b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n",
-               **options):
+JTEGEN = b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"
+USAGE = b"400 Bad request (usage: GET MESSAGE <topic> <smuid|first-last[,...]|*>)"
+
+
+def with_trash(*messages, topics=(IBM,), live=(), registry=None, login=JTEGEN, **options):
     """Sessions whose store holds ``messages`` in the Trash of their topic and ``live`` in the topic."""
     def factory():
         session = make_session(registry=registry or make_registry(topics), **options)
@@ -110,13 +113,14 @@ def test_a_live_get_message_has_no_trash_attributes():
     (b"GET MESSAGE /nope/Trash 1", b"404 Not found (/nope/Trash)"),
     (b"COUNT MESSAGE /nope/Trash", b"404 Not found (/nope/Trash)"),
     (b"GET MESSAGE /stocks/quotes/ibm/Trash 99", b"404 Not found (no such message in /stocks/quotes/ibm/Trash)"),
-    (b"GET MESSAGE /stocks/quotes/ibm/Trash 9-1", b"400 Bad request (usage: GET MESSAGE <topic> <smuid|first-last[,...]|*>)"),
+    (b"GET MESSAGE /stocks/quotes/ibm/Trash 9-1", USAGE),
     # Trash only as the last level, and never the root's
     (b"LIST MESSAGE /Trash", b"400 Bad request ('Trash' is reserved)"),
     (b"LIST MESSAGE /stocks/Trash/quotes", b"400 Bad request ('Trash' is reserved)"),
     (b"LIST MESSAGE /stocks/Trash/Trash", b"400 Bad request ('Trash' is reserved)"),
     (b"COUNT MESSAGE /stocks/Trash/*", b"400 Bad request ('Trash' is reserved)"),
-    (b"GET MESSAGE /1stocks/Trash 1", b"400 Bad request (level '1stocks' must be alphanumeric and not start with a digit)"),
+    (b"GET MESSAGE /1stocks/Trash 1",
+     b"400 Bad request (level '1stocks' must be alphanumeric and not start with a digit)"),
 ])
 def test_trash_reply_codes(command, reply):
     factory = with_trash(trashed(1), topics=(IBM,))
@@ -141,9 +145,10 @@ def test_a_trash_is_read_under_its_topics_subscribe_right():
     access = AccessList({"/stocks": {"subscribe": ["ann"]}, "/stocks/quotes/ibm": {"subscribe": ["jtegen"]}})
     factory = with_trash(trashed(1), trashed(2, "/stocks/quotes/msft"), topics=(IBM, "/stocks/quotes/msft"),
                          access=access)
-    assert wire(feed_three_ways(b"LIST MESSAGE /stocks/quotes/ibm/Trash\r\nLIST MESSAGE /stocks/quotes/msft/Trash\r\n"
-                                b"GET MESSAGE /stocks/quotes/msft/Trash 2\r\nCOUNT MESSAGE /stocks/quotes/msft/Trash\r\n",
-                                factory)) == (b"200-OK\r\n200 1\r\n\r\n" + b"404 Not found (/stocks/quotes/msft/Trash)\r\n\r\n" * 3)
+    commands = (b"LIST MESSAGE /stocks/quotes/ibm/Trash\r\nLIST MESSAGE /stocks/quotes/msft/Trash\r\n"
+                b"GET MESSAGE /stocks/quotes/msft/Trash 2\r\nCOUNT MESSAGE /stocks/quotes/msft/Trash\r\n")
+    assert wire(feed_three_ways(commands, factory)) == (
+        b"200-OK\r\n200 1\r\n\r\n" + b"404 Not found (/stocks/quotes/msft/Trash)\r\n\r\n" * 3)
 
 
 def test_an_account_topics_trash_is_its_owners_alone():

@@ -163,7 +163,8 @@ def test_a_trashed_message_without_its_messages_row_still_shows_with_its_smuids_
     smuid = (86_400_000 << 22) | 5  # made one day after the SMUID epoch (2025-01-02T00:00:00Z)
     trash(tmp_path / "trash", trash_row(smuid, "/t"))
     (message,) = store(tmp_path).messages("/t/Trash")
-    assert (message.smuid, message.publisher, message.publisher_guid, message.cmuid) == (smuid, "alice", "", f"C{smuid}")
+    assert (message.smuid, message.publisher, message.publisher_guid, message.cmuid) == \
+        (smuid, "alice", "", f"C{smuid}")
     assert message.accepted_at == int(datetime(2025, 1, 2, tzinfo=timezone.utc).timestamp()) * 1_000_000
     assert message.trash_reason == "expired" and message.trashed_at == TRASHED
 
