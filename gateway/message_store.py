@@ -14,6 +14,12 @@ The table is read with delta-rs (no Spark in the gateway).  The
 incrementally on each later read, so a read costs the new log entries plus
 the topic's rows.  Calls block on file I/O: run them in a thread
 (``asyncio.to_thread``), never on the event loop.
+
+Each topic's Trash (spec 2.2.1, ``<topic>/Trash``) is the job's ``trash``
+table: the messages that died unacknowledged, with why (``reason``) and
+when (``trashed_at``).  :meth:`MessageStore.messages` reads it for a Trash
+path; it holds the message's body but not its publisher GUID, priority or
+acceptance time, which come from the message's ``messages`` row.
 """
 
 from __future__ import annotations
@@ -21,16 +27,23 @@ from __future__ import annotations
 import base64
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from gateway.ids import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
+from schemas.topics import trash_of
 
 #: The ``messages`` columns a :class:`StoredMessage` needs (``topic`` is the filter).
 COLUMNS = ["smuid", "cmuid", "publisher", "publisher_guid", "priority", "headers", "sections", "accepted_at"]
+#: The ``trash`` columns a trashed :class:`StoredMessage` needs (``topic`` is the filter) …
+TRASH_COLUMNS = ["smuid", "cmuid", "publisher", "headers", "sections", "reason", "trashed_at"]
+#: … and what only its ``messages`` row knows.
+ORIGIN_COLUMNS = ["smuid", "publisher_guid", "priority", "accepted_at"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class StoredMessage:
     priority: int
     headers: Headers  # message header attributes, in the publisher's order
     sections: list[Section]
+    trash_reason: str | None = None  # read from the topic's Trash: why it died ("expired", …)
+    trashed_at: int | None = None  # and when: microseconds, the job's clock of that batch
 
     def to_deliver(self, account: str) -> Deliver:
         """This message as a :class:`Deliver` to ``account`` (to render it like a NOTIFY)."""
@@ -69,55 +84,107 @@ def _micros(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.cast(column, pa.int64())
 
 
-class MessageStore:
-    """The committed messages of each topic, read from the job's Delta tables.
+def _with_micros(rows: pa.Table, *names: str) -> pa.Table:
+    """``rows`` with its timestamp columns ``names`` as int64 microseconds."""
+    for name in names:
+        rows = rows.set_column(rows.schema.get_field_index(name), name, _micros(rows.column(name)))
+    return rows
 
-    ``messages_path`` / ``deliveries_path``: the tables' locations
-    (``SMQPConfig.table_path("messages")`` / ``("deliveries")``).  Only
-    ``messages`` is read for now; ``deliveries`` is kept for queries about
-    who has acknowledged what.  Safe to call from several threads at once.
+
+def _smuid_micros(smuid: int) -> int:
+    """When the gateway made ``smuid`` (its millisecond part, :mod:`gateway.ids`), in microseconds."""
+    return ((smuid >> (NODE_BITS + SEQUENCE_BITS)) + EPOCH_MS) * 1000
+
+
+def _stored(row: dict, topic: str, origin: dict) -> StoredMessage:
+    """A ``messages`` row (``origin`` is the row itself), or a ``trash`` row completed by its
+    message's ``messages`` row ``origin`` (``{}`` when that is gone), decoded."""
+    return StoredMessage(
+        smuid=row["smuid"],
+        topic=topic,
+        cmuid=row["cmuid"] or "",
+        publisher=row["publisher"] or "",
+        publisher_guid=origin.get("publisher_guid") or "",
+        accepted_at=origin.get("accepted_at") or _smuid_micros(row["smuid"]),
+        priority=origin.get("priority") or 0,
+        headers=_headers(row["headers"]),
+        sections=[_section(s) for s in row["sections"] or ()],
+        trash_reason=row.get("reason"),
+        trashed_at=row.get("trashed_at"),
+    )
+
+
+def _unique(rows: pa.Table) -> list[dict]:
+    """The rows by ascending SMUID, one per SMUID (the sink writes each once; never show one twice)."""
+    out: list[dict] = []
+    for row in rows.sort_by("smuid").to_pylist():
+        if not out or out[-1]["smuid"] != row["smuid"]:
+            out.append(row)
+    return out
+
+
+class MessageStore:
+    """The committed messages of each topic, and of each topic's Trash, read from the job's Delta tables.
+
+    ``messages_path`` / ``deliveries_path`` / ``trash_path``: the tables'
+    locations (``SMQPConfig.table_path("messages")`` …; the Trash defaults to
+    the ``trash`` table beside ``messages``).  ``deliveries`` is not read yet;
+    it is kept for queries about who has acknowledged what.  Safe to call from
+    several threads at once.
     """
 
-    def __init__(self, messages_path: str, deliveries_path: str):
+    def __init__(self, messages_path: str, deliveries_path: str, trash_path: str | None = None):
         self.messages_path = messages_path
         self.deliveries_path = deliveries_path
+        self.trash_path = trash_path or str(Path(messages_path).with_name("trash"))
         self._lock = threading.Lock()
-        self._messages: DeltaTable | None = None
+        self._tables: dict[str, DeltaTable] = {}
 
-    def _current(self) -> DeltaTable | None:
-        """The messages table at its latest version; None while the job has not created it."""
-        if self._messages is None:
+    def _current(self, path: str) -> DeltaTable | None:
+        """The table at ``path`` at its latest version; None while the job has not created it."""
+        table = self._tables.get(path)
+        if table is None:
             try:
-                self._messages = DeltaTable(self.messages_path)
+                table = self._tables[path] = DeltaTable(path)
             except TableNotFoundError:
                 return None
         else:
-            self._messages.update_incremental()
-        return self._messages
+            table.update_incremental()
+        return table
 
     def messages(self, topic: str) -> list[StoredMessage]:
-        """Every committed message of canonical ``topic`` (exact match), by ascending SMUID."""
+        """Every committed message of canonical ``topic`` (exact match), by ascending SMUID;
+        for a Trash path (``<topic>/Trash``, :func:`schemas.topics.trash_topic`) the
+        messages in that topic's Trash instead."""
+        owner = trash_of(topic)
+        if owner is not None:
+            return self.trashed(owner)
         with self._lock:
-            table = self._current()
+            table = self._current(self.messages_path)
             if table is None:
                 return []
             rows = table.to_pyarrow_table(columns=COLUMNS, filters=[("topic", "=", topic)])
-        rows = rows.set_column(rows.schema.get_field_index("accepted_at"), "accepted_at",
-                               _micros(rows.column("accepted_at")))
-        rows = rows.sort_by("smuid")
-        out: list[StoredMessage] = []
-        for row in rows.to_pylist():
-            if out and out[-1].smuid == row["smuid"]:
-                continue  # the sink writes each SMUID once; never show a duplicate twice
-            out.append(StoredMessage(
-                smuid=row["smuid"],
-                topic=topic,
-                cmuid=row["cmuid"] or "",
-                publisher=row["publisher"] or "",
-                publisher_guid=row["publisher_guid"] or "",
-                accepted_at=row["accepted_at"] or 0,
-                priority=row["priority"] or 0,
-                headers=_headers(row["headers"]),
-                sections=[_section(s) for s in row["sections"] or ()],
-            ))
-        return out
+        return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
+
+    def trashed(self, topic: str) -> list[StoredMessage]:
+        """The messages in canonical ``topic``'s Trash, by ascending SMUID, with why and when.
+
+        Two narrow reads: the topic's ``trash`` rows, then the publisher GUID,
+        priority and acceptance time of just those SMUIDs from ``messages``
+        (filtered by topic and SMUID range, so delta-rs skips other files).  A
+        message whose ``messages`` row is gone still shows, with its SMUID's time.
+        """
+        with self._lock:
+            trash = self._current(self.trash_path)
+            if trash is None:
+                return []
+            rows = trash.to_pyarrow_table(columns=TRASH_COLUMNS, filters=[("topic", "=", topic)])
+            if not rows.num_rows:
+                return []
+            messages = self._current(self.messages_path)
+            low, high = (bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
+            origins = None if messages is None else messages.to_pyarrow_table(columns=ORIGIN_COLUMNS, filters=[
+                ("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])
+        found = {} if origins is None else {o["smuid"]: o for o in _with_micros(origins, "accepted_at").to_pylist()}
+        return [_stored(row, topic, found.get(row["smuid"], {}))
+                for row in _unique(_with_micros(rows, "trashed_at"))]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import base64
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Callable, Union
@@ -95,7 +95,8 @@ from schemas.events import (
     Watch,
 )
 from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
-from schemas.topics import RootWildcardError, TopicError, account_topic, canonical, parse_pattern
+from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
+                            trash_topic)
 
 CRLF = b"\r\n"
 SERVER_BYE = b"NOTIFY SERVER BYE\r\n\r\n"
@@ -658,10 +659,29 @@ def render_server_timeout_notify(timeout: str) -> bytes:
     return render_lines([f"NOTIFY SERVER TIMEOUT {timeout}"]) + CRLF
 
 
+#: What a message read from a Trash carries beside its own attributes: why it died and when
+#: (a date-time).  Not SMQP's own attributes, so ``X-`` ones (spec 4.1.8.1).
+TRASH_REASON, TRASHED = "X-Trash-Reason", "X-Trashed"
+
+
+def _trash_attributes(message) -> tuple[str, Headers]:
+    """(``Topic:`` value, header attributes) of a stored message; from a Trash, the Trash
+    path and the why and when first (any the publisher sent under those names dropped)."""
+    if message.trash_reason is None:
+        return message.topic, list(message.headers)
+    dead = [(TRASH_REASON, message.trash_reason)]
+    if message.trashed_at is not None:
+        dead.append((TRASHED, format_date_time(from_micros(message.trashed_at))))
+    own = [(n, v) for n, v in message.headers if n.lower() not in (TRASH_REASON.lower(), TRASHED.lower())]
+    return trash_topic(message.topic), dead + own
+
+
 def render_stored(message, server_host: str) -> bytes:
-    """One message of a GET MESSAGE reply: ``Topic:``, the NOTIFY attributes, body, ``.``."""
-    notify = render_notify(message.to_deliver(message.publisher), server_host)
-    return render_lines([f"Topic: {message.topic}"]) + notify.split(CRLF, 1)[1][:-len(CRLF)]
+    """One message of a GET MESSAGE reply: ``Topic:``, the NOTIFY attributes, body, ``.``;
+    from a Trash, ``X-Trash-Reason`` and ``X-Trashed`` follow ``Cmuid``."""
+    topic, headers = _trash_attributes(message)
+    notify = render_notify(replace(message.to_deliver(message.publisher), headers=headers), server_host)
+    return render_lines([f"Topic: {topic}"]) + notify.split(CRLF, 1)[1][:-len(CRLF)]
 
 
 def format_ranges(smuids: list[int]) -> str:
@@ -1030,6 +1050,27 @@ class Session:
         """Account topics are private to their account."""
         return not topic.startswith("/accounts/") or topic == account_topic(self._account)
 
+    def _message_path(self, text: str, wildcard: bool = False) -> tuple[Reply | None, str]:
+        """(error, path) for LIST/GET/COUNT MESSAGE: ``<topic>/Trash`` (any case) → the canonical
+        Trash path (:func:`trash_topic`), anything else as :meth:`_topic` (:meth:`_pattern`)."""
+        try:
+            owner = trash_of(text)
+        except TopicError as error:
+            return topic_error(error), ""
+        if owner is not None:
+            return None, trash_topic(owner)
+        return self._pattern(text) if wildcard else self._topic(text)
+
+    def _messages_readable(self, path: str) -> bool:
+        """LIST/GET/COUNT MESSAGE: :meth:`_readable` for a topic; a Trash under the topic's own
+        access rules, for as long as the registry knows the topic (a removed topic's Trash
+        keeps what it held)."""
+        owner = trash_of(path)
+        if owner is None:
+            return self._readable(path)
+        known = self._registry.live(owner) or owner in self._registry.topics
+        return known and self._own_or_public(owner) and self._may("subscribe", owner)
+
     # -- handlers: one per verb, abbreviations share them
 
     def smqp_LOGIN(self, verb: str, args: list[str]) -> list[Action]:
@@ -1127,12 +1168,18 @@ class Session:
         resource = args[0].upper() if args else ""
         if len(args) != 2 or resource not in _TOPIC | _MESSAGE | _SUBSCRIBERS:
             return self._usage("COUNT TOPIC|MESSAGE|SUBSCRIBERS <topic>")
-        error, pattern = self._pattern(args[1], star_is_all=resource in _TOPIC)
+        error, pattern = (self._message_path(args[1], wildcard=True) if resource in _MESSAGE
+                          else self._pattern(args[1], star_is_all=resource in _TOPIC))
         if error is not None:
             return self._error(error)
         registry = self._registry
 
+        def counted(found: list) -> list[Action]:
+            return self._reply(Reply.ok(str(len(found))))
+
         def decide() -> list[Action] | None:
+            if trash_of(pattern) is not None:
+                return [ReadMessages((pattern,), counted)] if self._messages_readable(pattern) else None
             if not self._exists(pattern) or not self._own_or_public(pattern) or not self._may("subscribe", pattern):
                 return None
             if resource in _TOPIC:
@@ -1142,7 +1189,7 @@ class Session:
                 count = registry.subscribers_in_scope(pattern)
             else:
                 topics = registry.matching(pattern) if pattern.endswith("/*") else [pattern]
-                return [ReadMessages(tuple(topics), lambda found: self._reply(Reply.ok(str(len(found)))))]
+                return [ReadMessages(tuple(topics), counted)]
             return self._reply(Reply.ok(str(count)))
         return self._consult(decide, pattern)
 
@@ -1157,7 +1204,7 @@ class Session:
         if resource in _TOPIC and args[1] == "/":
             return [Consult(lambda final: self._reply(Reply.ok(
                 *self._topic_lines(self._seen(self._registry.children("/"))))))]
-        error, topic = self._topic(args[1])
+        error, topic = self._message_path(args[1]) if resource in _MESSAGE else self._topic(args[1])
         if error is not None:
             return self._error(error)
         registry = self._registry
@@ -1167,7 +1214,7 @@ class Session:
                 if not registry.visible(topic) or not self._may("subscribe", topic):
                     return None
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
-            if not self._readable(topic):
+            if not self._messages_readable(topic):
                 return None
             return [ReadMessages((topic,), self._render_list)]
         return self._consult(decide, topic)
@@ -1214,7 +1261,7 @@ class Session:
                                  if self._registry.visible(topic) and self._may("subscribe", topic) else None, topic)
         if resource not in _MESSAGE or len(args) != 3:
             return self._usage("GET MESSAGE <topic> <smuid|ranges|*> | GET TOPIC KEYWORDS <topic>")
-        error, topic = self._topic(args[1])
+        error, topic = self._message_path(args[1])
         if error is not None:
             return self._error(error)
         wanted = parse_ranges(args[2])
@@ -1229,7 +1276,7 @@ class Session:
             return [Send(b"200 OK\r\n" + body + CRLF)]
 
         def decide() -> list[Action] | None:
-            if not self._readable(topic):
+            if not self._messages_readable(topic):
                 return None
             return [ReadMessages((topic,), render)]
         return self._consult(decide, topic)

@@ -64,6 +64,8 @@ class StreamingConfig:
     poll_timeout_ms: int = 50
     query_name: str = "smqp-router"
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
+    trash_retention: str = "07:00:00:00"  # how long the Trash keeps a message (spec timeout format); INFINITE = forever
+    trash_sweep_interval_s: float = 3600.0  # the Trash is emptied at most this often, by the job's clock; 0 = every batch
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Spec 2.2: topics are hierarchical, case-insensitive, ``/``-rooted, contain
 no spaces, do not start with a digit, are alphanumeric, and each level is at
-most 32 characters.  ``Trash`` is reserved at every level.  A trailing
+most 32 characters.  ``Trash`` is reserved at every level (spec 2.2.1: every
+topic's dead messages live in its child ``<topic>/Trash``, which only
+LIST/GET/COUNT MESSAGE read, see :func:`trash_of`).  A trailing
 ``/*`` is a wildcard covering every descendant; ``/*`` alone (the whole
 tree) is refused.  Underscores are accepted inside a level because the spec's
 own examples use them (``/stocks/quotes/big_blue``).
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 MAX_LEVEL_LENGTH = 32
 TRASH = "trash"
+TRASH_LEVEL = "Trash"  # as the streaming job writes it in the trash table's ``trash_topic``
 ACCOUNTS_ROOT = "/accounts"
 _LEVEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -106,3 +109,21 @@ def ancestors(topic: str) -> list[str]:
 def is_account_topic(topic: str) -> bool:
     """``/accounts`` and everything below it: created with accounts, never by clients."""
     return topic == ACCOUNTS_ROOT or topic.startswith(ACCOUNTS_ROOT + "/")
+
+
+def trash_topic(topic: str) -> str:
+    """The Trash path of canonical ``topic``: ``/a/b`` → ``/a/b/Trash`` (the trash table's ``trash_topic``)."""
+    return f"{topic}/{TRASH_LEVEL}"
+
+
+def trash_of(path: str) -> str | None:
+    """For ``<topic>/Trash`` (``Trash`` in any case, as the last level only) the canonical
+    ``<topic>`` whose Trash it names; None when ``path`` is no Trash path.
+
+    ``/Trash`` (the root has no Trash) and ``/a/Trash/b`` are no Trash paths, so
+    :func:`canonical` goes on refusing them; a bad ``<topic>`` raises :class:`TopicError`.
+    """
+    head, slash, last = path.rpartition("/")
+    if not slash or not head or last.lower() != TRASH:
+        return None
+    return canonical(head)

@@ -45,6 +45,7 @@ from schemas.config import SMQPConfig
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
 from streaming import routing
+from streaming.retention import TrashSweeper
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +287,7 @@ class CommandSink:
         self.config = config
         self.query_name = config.streaming.query_name
         self._producer = None
+        self.sweep_trash = TrashSweeper(config)
 
     # -- helpers
 
@@ -477,6 +479,7 @@ class CommandSink:
             log.info("batch %d: already committed, skipped", batch_id)
             return
         records = batch_df.toArrow()
+        self.sweep_trash(batch_now(records))  # retention, here: the one thread that writes the trash table
         if _only_ticks(records) and not self.expiry_candidates(batch_now(records)).num_rows:
             # Only the clock moved and nothing expires: no Spark job, no commit; just the progress.
             self._flush(self._progress({str(r["partition"]): r["end"] for r in _progress(records)}))

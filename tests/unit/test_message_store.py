@@ -1,4 +1,5 @@
-"""MessageStore reads the job's ``messages`` Delta table: one topic, by SMUID, decoded; lags are fine."""
+"""MessageStore reads the job's ``messages`` Delta table: one topic, by SMUID, decoded; lags are fine.
+And each topic's Trash from the ``trash`` table, completed from ``messages``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import threading
 from datetime import datetime, timezone
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from gateway.message_store import MessageStore, StoredMessage
 from schemas.events import Deliver, Section
-from schemas.spark import MESSAGES_TABLE, arrow_schema
+from schemas.spark import MESSAGES_TABLE, TRASH_TABLE, arrow_schema
 
 BINARY = b"\x00\xff line one\r\n.\r\nafter the dot\r\n"
 ACCEPTED = 1_700_000_000_123_456  # microseconds, not a whole millisecond
@@ -103,3 +104,76 @@ def test_to_deliver_carries_everything_a_notify_needs(tmp_path):
     (message,) = store(tmp_path).messages("/t")
     assert message.to_deliver("bob") == Deliver("bob", 7, "/t", "C7", "alice", "g1", ACCEPTED, 2,
                                                 [("Subject", "s")], [section])
+
+
+# -- each topic's Trash (the job's ``trash`` table)
+
+TRASHED = 1_700_000_360_000_001  # microseconds, six minutes after ACCEPTED
+
+
+def trash_row(smuid: int, topic: str, reason: str = "expired", trashed_at: int = TRASHED,
+              sections: list[Section] = (), headers=()) -> dict:
+    """One ``trash`` row as the sink writes it (``trash_topic`` = ``<topic>/Trash``)."""
+    message = row(smuid, topic, sections, headers)
+    return {"smuid": smuid, "topic": topic, "trash_topic": f"{topic}/Trash", "reason": reason,
+            "trashed_at": datetime.fromtimestamp(trashed_at // 1_000_000, timezone.utc).replace(
+                microsecond=trashed_at % 1_000_000),
+            "publisher": message["publisher"], "cmuid": message["cmuid"], "headers": message["headers"],
+            "sections": message["sections"], "batch_id": 3}
+
+
+def trash(path, *rows: dict) -> None:
+    write_deltalake(str(path), pa.Table.from_pylist(list(rows), schema=arrow_schema(TRASH_TABLE)), mode="append")
+
+
+def test_a_trash_path_reads_that_topics_trash_completed_from_its_messages_rows(tmp_path):
+    text = Section([("Content-Type", "text/plain")], b"24.567")
+    append(tmp_path / "messages", row(10, "/t", [text], headers=[("Subject", "s")], priority=4),
+           row(20, "/t", [text]), row(30, "/t"), row(15, "/u"))
+    trash(tmp_path / "trash", trash_row(20, "/t", "max_retries", TRASHED + 1, [text]),
+          trash_row(10, "/t", sections=[text], headers=[("Subject", "s")]), trash_row(15, "/u"))
+
+    got = store(tmp_path).messages("/t/Trash")
+
+    assert got == [
+        StoredMessage(smuid=10, topic="/t", cmuid="C10", publisher="alice", publisher_guid="g1", accepted_at=ACCEPTED,
+                      priority=4, headers=[("Subject", "s")], sections=[text], trash_reason="expired",
+                      trashed_at=TRASHED),
+        StoredMessage(smuid=20, topic="/t", cmuid="C20", publisher="alice", publisher_guid="g1", accepted_at=ACCEPTED,
+                      priority=0, headers=[], sections=[text], trash_reason="max_retries", trashed_at=TRASHED + 1),
+    ]
+    assert store(tmp_path).trashed("/t") == got
+    assert [m.smuid for m in store(tmp_path).messages("/u/Trash")] == [15]
+    # the topic itself still reads every message it had, none marked as trashed
+    assert [(m.smuid, m.trash_reason) for m in store(tmp_path).messages("/t")] == [(10, None), (20, None), (30, None)]
+
+
+def test_an_empty_or_missing_trash_reads_as_empty(tmp_path):
+    messages = store(tmp_path)
+    assert messages.messages("/t/Trash") == []  # neither table yet
+    append(tmp_path / "messages", row(1, "/t"))
+    assert messages.messages("/t/Trash") == []  # no trash table yet
+    trash(tmp_path / "trash", trash_row(1, "/t"))
+    assert [m.smuid for m in messages.messages("/t/Trash")] == [1]  # a later commit is seen
+    assert messages.messages("/v/Trash") == []
+
+
+def test_a_trashed_message_without_its_messages_row_still_shows_with_its_smuids_time(tmp_path):
+    """Nothing disappears silently: should the ``messages`` row be gone, the Trash row alone is shown."""
+    smuid = (86_400_000 << 22) | 5  # made one day after the SMUID epoch (2025-01-02T00:00:00Z)
+    trash(tmp_path / "trash", trash_row(smuid, "/t"))
+    (message,) = store(tmp_path).messages("/t/Trash")
+    assert (message.smuid, message.publisher, message.publisher_guid, message.cmuid) == \
+        (smuid, "alice", "", f"C{smuid}")
+    assert message.accepted_at == int(datetime(2025, 1, 2, tzinfo=timezone.utc).timestamp()) * 1_000_000
+    assert message.trash_reason == "expired" and message.trashed_at == TRASHED
+
+
+def test_rows_deleted_from_the_trash_are_gone_from_the_next_read(tmp_path):
+    """What the retention sweep removes (:mod:`streaming.retention`) is no longer listed."""
+    append(tmp_path / "messages", row(1, "/t"), row(2, "/t"))
+    trash(tmp_path / "trash", trash_row(1, "/t", trashed_at=TRASHED), trash_row(2, "/t", trashed_at=TRASHED + 10))
+    messages = store(tmp_path)
+    assert [m.smuid for m in messages.messages("/t/Trash")] == [1, 2]
+    DeltaTable(str(tmp_path / "trash")).delete("smuid = 1")
+    assert [m.smuid for m in messages.messages("/t/Trash")] == [2]
