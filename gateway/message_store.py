@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from gateway.ids import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
+from schemas.smuid import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
 from schemas.topics import trash_of
 
