@@ -61,7 +61,9 @@ class NotifyQueue:
         return found
 
     def discard(self, smuid: int) -> None:
-        """Withdraw a delivery that died (expired, out of retries) before it was sent."""
+        """Withdraw a delivery that died (expired, out of retries) or went to another subscriber
+        (DELIVERY ONE) before it was sent; should it come back, it is queued again."""
+        self._seen.discard(smuid)
         if any(entry[1].smuid == smuid for entry in self._heap):
             self._heap = [entry for entry in self._heap if entry[1].smuid != smuid]
             heapq.heapify(self._heap)
@@ -110,6 +112,10 @@ class DeliveryBook:
     def queue_for_login(self, account: str) -> NotifyQueue:
         """A new login's queue: everything the account has not acknowledged yet."""
         return NotifyQueue(self._pending.get(account, {}).values())
+
+    def locked_to(self, account: str) -> list[Deliver]:
+        """The DELIVERY ONE messages locked to ``account`` and not acknowledged yet."""
+        return [d for d in self._pending.get(account, {}).values() if d.delivery == "one"]
 
     def pending_count(self, account: str) -> int:
         return len(self._pending.get(account, ()))

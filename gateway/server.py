@@ -347,7 +347,7 @@ class Connection:
             return
         max_retries = self.gateway.queue(deliver.topic).max_retries
         self.retries += 1
-        self.gateway.nack(self.session, deliver, max_retries)
+        self.gateway.nack(self.session.account, self.session.guid, deliver, max_retries)
         if self.retries <= max_retries:
             self.notify(self.session.notify_again(deliver))
             self._arm(deliver)
@@ -615,15 +615,16 @@ class Gateway:
                 for connection in self.sessions.get(event.account, ()):
                     connection.withdraw(event.smuid)
 
-    def nack(self, session: Session, deliver: Deliver, max_retries: int) -> None:
-        """Append a NACK of ``deliver`` (its NOTIFY went unacknowledged) for the job to count.
+    def nack(self, account: str, guid: str, deliver: Deliver, max_retries: int, reason: str = "timeout") -> None:
+        """Append a NACK of ``deliver`` (its NOTIFY went unacknowledged, or its subscriber left)
+        for the job to count or reassign.
 
         Best effort: a NACK lost to a Kafka outage only delays the Trash by one retry."""
-        event = Nack(account=session.account, guid=session.guid, smuid=deliver.smuid,
-                     accepted_at=int(time.time() * 1_000_000), max_retries=max_retries)
-        future = self.log.append(session.account.encode("utf-8"), event.to_bytes(), immediate=True)
+        event = Nack(account=account, guid=guid or "", smuid=deliver.smuid,
+                     accepted_at=int(time.time() * 1_000_000), max_retries=max_retries, reason=reason)
+        future = self.log.append(account.encode("utf-8"), event.to_bytes(), immediate=True)
         future.add_done_callback(lambda done: done.exception() and log.warning(
-            "NACK of %s for %s not appended: %s", deliver.smuid, session.account, done.exception()))
+            "NACK of %s for %s not appended: %s", deliver.smuid, account, done.exception()))
 
     def register(self, connection: Connection) -> None:
         account = connection.session.account
@@ -632,10 +633,16 @@ class Gateway:
         connection.send_next()
 
     def unregister(self, connection: Connection) -> None:
-        """A login ended; whatever it left unacknowledged stays pending for the account."""
+        """A login ended; whatever it left unacknowledged stays pending for the account, except
+        DELIVERY ONE messages when it was the account's last login here: they are NACKed, so the
+        job offers them to another subscriber (XEP-0254: unlocked on disconnect)."""
         account = connection.session.account
         if account and connection in self.sessions.get(account, ()):
             self.sessions[account].remove(connection)
+            if not self.sessions[account]:
+                for deliver in self.book.locked_to(account):
+                    self.nack(account, connection.session.guid, deliver,
+                              self.queue(deliver.topic).max_retries, reason="disconnect")
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""

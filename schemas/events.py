@@ -132,7 +132,9 @@ class Nack(_Event):
     """A NOTIFY went unacknowledged: the subscriber's ``310 ACK`` did not come within the topic's
     retry timeout (``reason`` "timeout"; the gateway sends it again), so the job counts one retry
     and moves the message to the Trash once ``max_retries`` (the topic's, stamped by the gateway)
-    are used up."""
+    are used up.  ``reason`` "disconnect": the account's last login here ended with this
+    DELIVERY ONE message still locked to it.  A NACKed DELIVERY ONE message is offered to another
+    subscriber instead, when there is one."""
 
     TYPE: ClassVar[str] = "nack"
     account: str
@@ -287,6 +289,7 @@ class Deliver(_Event):
     priority: int = 0
     headers: Headers = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
+    delivery: str = "all"  # "one": locked to this account until it ACKs; a disconnect NACKs it
 
 
 @dataclass

@@ -59,7 +59,8 @@ COMMAND_EVENT = _struct(
     ("at", LongType()),  # tick: the job's clock, microseconds
     ("receipt", StringType()),  # publish: "none" | "one" | "all"
     ("max_retries", IntegerType()),  # nack
-    ("reason", StringType()),  # nack
+    ("reason", StringType()),  # nack: "timeout" | "disconnect"
+    ("delivery", StringType()),  # publish: "all" | "one"
 )
 
 #: Delta table ``messages``: every accepted publish, once.
@@ -78,6 +79,7 @@ MESSAGES_TABLE = _struct(
     ("batch_id", LongType()),
     ("expires_at", TimestampType()),  # null: a state message (never expires)
     ("receipt", StringType()),  # "none" | "one" | "all" (null in rows written before receipts)
+    ("delivery", StringType()),  # "all" | "one" (null: all)
 )
 
 #: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.
@@ -96,7 +98,8 @@ SUBSCRIPTIONS_TABLE = _struct(
 
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
 #: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
-#: (its message's expiry passed unacknowledged) | "trashed" (``max_retries`` NOTIFYs unacknowledged).
+#: (its message's expiry passed unacknowledged) | "trashed" (``max_retries`` NOTIFYs unacknowledged)
+#: | "released" (DELIVERY ONE: NACKed, so handed to another subscriber, whose row is "pending").
 #: ``retries``: NOTIFYs of it the subscriber left unacknowledged (null: none).
 #: ``receipt``: the message's RECEIPT mode, so receipts need no join with ``messages``.
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.
@@ -115,6 +118,7 @@ DELIVERIES_TABLE = _struct(
     ("expires_at", TimestampType()),
     ("retries", IntegerType()),
     ("receipt", StringType()),
+    ("delivery", StringType()),  # the message's delivery mode: "one" deliveries are reassigned when NACKed
 )
 
 #: Delta table ``trash``: every dead message, once, with why and when (``trash_topic`` = ``<topic>/Trash``).

@@ -95,6 +95,7 @@ DELIVERIES = StructType([
     StructField("seq", SEQ, True),
     StructField("expires_at", LongType(), True),  # microseconds, as in the event; null: a state message
     StructField("receipt", StringType(), True),  # the message's RECEIPT mode
+    StructField("delivery", StringType(), True),  # "all" | "one"
 ])
 
 #: Output of :func:`extract_acks` (``seq``: where the ACK was in the commands log).
@@ -114,12 +115,22 @@ PENDING = StructType([
     StructField("expires_at", TimestampType(), True),
 ])
 
-#: The stored deliveries this batch's NACKs name (``deliveries`` Delta rows): how many retries they had.
+#: The stored deliveries of the messages this batch's NACKs name (``deliveries`` Delta rows, every
+#: account's): how many retries they had, and who held a DELIVERY ONE message before.
 RETRYING = StructType([
     StructField("account", StringType(), True),
     StructField("smuid", LongType(), True),
     StructField("status", StringType(), True),
     StructField("retries", IntegerType(), True),
+    StructField("delivery", StringType(), True),
+])
+
+#: Output of :func:`released`: DELIVERY ONE deliveries NACKed away from ``account`` to ``to``.
+RELEASED = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("to", StringType(), True),
+    StructField("seq", SEQ, True),
 ])
 
 #: Output of :func:`retried`: the new retry count of each NACKed pending delivery; ``dead`` once
@@ -361,15 +372,17 @@ def route_all_sql(events: str, intervals: str) -> str:
     """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
+  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account)) AS _one FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
     SELECT CASE WHEN _reached THEN _to ELSE '' END AS account, smuid, topic, cmuid, publisher, publisher_guid,
-           accepted_at, priority, headers, sections, seq, expires_at, receipt
+           accepted_at, priority, headers, sections, seq, expires_at, receipt, delivery
     FROM (
       SELECT *, bool_or(coalesce(_to <> '', FALSE)) OVER (PARTITION BY smuid) AS _reached FROM (
         SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
         FROM (
           SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
                  sections, seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt,
+                 lower(coalesce(delivery, 'all')) AS delivery,
                  {_micros_to_ts("accepted_at")} AS _at,
                  {account_topic_owner_sql("topic")} AS _owner, explode({candidate_patterns_sql("topic")}) AS _pattern
           FROM {publishes}
@@ -379,7 +392,8 @@ def route_all_sql(events: str, intervals: str) -> str:
            AND (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)
            AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until)))
     WHERE coalesce(_to <> '', FALSE) OR (NOT _reached AND expires_at IS NOT NULL)))
-WHERE _d = 1"""
+  WHERE _d = 1)
+WHERE delivery <> 'one' OR _one = 1"""
 
 
 def route_sql(events: str, intervals: str) -> str:
@@ -399,7 +413,9 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
     :func:`account_topic_owner_sql`): that is how PUB REPLY and receipts get
     back to a publisher.  A publish repeated within the batch (same ``smuid``)
     counts once, at its first position.  One row per (subscriber account,
-    smuid), however many ways reached that account.
+    smuid), however many ways reached that account.  A DELIVERY ONE message
+    (2002 revision, XEP-0254 queueing) reaches one of them only, picked by a
+    hash of (smuid, account): deterministic on replay, and spread evenly.
     """
     return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
 
@@ -443,7 +459,7 @@ def message_rows_sql(events: str, batch_id: int) -> str:
     return f"""SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, priority, headers, sections,
        {_micros_to_ts("accepted_at")} AS accepted_at, kafka_partition, kafka_offset,
        {sql_literal(batch_id)} AS batch_id, {_micros_to_ts("expires_at")} AS expires_at,
-       lower(coalesce(receipt, 'none')) AS receipt
+       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery
 FROM {_first_per("smuid", "seq", events, "type = 'publish'")}"""
 
 
@@ -600,8 +616,10 @@ def trash(dead: DataFrame, messages: DataFrame, now: int | None, batch_id: int) 
     return run_sql(trash_sql("{dead}", "{messages}", now, batch_id), {"dead": dead, "messages": messages})
 
 
-def retried_sql(events: str, retrying: str, acks: str, expiring: str) -> str:
-    """SQL of :func:`retried` over the relations ``events``, ``retrying``, ``acks`` and ``expiring``."""
+def retried_sql(events: str, retrying: str, acks: str, expiring: str, released: str | None = None) -> str:
+    """SQL of :func:`retried` over the relations ``events``, ``retrying``, ``acks``, ``expiring`` and
+    ``released`` (none when None)."""
+    released = released or empty_sql(RELEASED)
     return f"""SELECT r.account, r.smuid, CAST(coalesce(r.retries, 0) + n.nacks AS INT) AS retries,
        coalesce(r.retries, 0) + n.nacks > n.max_retries AS dead, n.seq
 FROM (SELECT account, smuid, count(1) AS nacks, max_by(max_retries, seq) AS max_retries, max(seq) AS seq
@@ -609,42 +627,99 @@ FROM (SELECT account, smuid, count(1) AS nacks, max_by(max_retries, seq) AS max_
 JOIN {retrying} r ON n.account = r.account AND n.smuid = r.smuid
 WHERE r.status = 'pending'
   AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = r.account AND a.smuid = r.smuid)
-  AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = r.account AND e.smuid = r.smuid)"""
+  AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = r.account AND e.smuid = r.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {released} x WHERE x.account = r.account AND x.smuid = r.smuid)"""
 
 
-def retried(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: DataFrame) -> DataFrame:
+def retried(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: DataFrame,
+            released: DataFrame | None = None) -> DataFrame:
     """NACKs (a NOTIFY unacknowledged within the retry timeout) → :data:`RETRIED`.
 
     Each NACK of a still ``pending`` delivery (``retrying``: its stored row,
     :data:`RETRYING`) counts one retry; a delivery whose count passes the
     ``max_retries`` the gateway stamped on its latest NACK (the first NOTIFY and
     ``max_retries`` more went unacknowledged) is ``dead`` and goes to the Trash.  A delivery this batch acknowledges or expires is not
-    retried: the ACK (or the expiry) wins.  Retry counts live in the
-    ``deliveries`` table, so a restart of the job or of a gateway keeps them.
+    retried: the ACK (or the expiry) wins; nor is one :func:`released` to another subscriber.
+    Retry counts live in the ``deliveries`` table, so a restart of the job or of a gateway keeps them.
     """
-    return run_sql(retried_sql("{events}", "{retrying}", "{acks}", "{expiring}"),
-                   {"events": events, "retrying": retrying, "acks": acks, "expiring": expiring})
+    frames = {"events": events, "retrying": retrying, "acks": acks, "expiring": expiring}
+    if released is not None:
+        frames["released"] = released
+    return run_sql(retried_sql("{events}", "{retrying}", "{acks}", "{expiring}",
+                               "{released}" if released is not None else None), frames)
+
+
+def released_sql(events: str, retrying: str, acks: str, expiring: str, intervals: str, messages: str) -> str:
+    """SQL of :func:`released` over the relations ``events``, ``retrying``, ``acks``, ``expiring``,
+    ``intervals`` and ``messages``."""
+    held = f"""SELECT n.account, n.smuid, n.seq FROM (
+      SELECT account, smuid, max(seq) AS seq FROM {events} WHERE type = 'nack' GROUP BY account, smuid) n
+    JOIN {retrying} r ON n.account = r.account AND n.smuid = r.smuid
+    WHERE r.status = 'pending' AND r.delivery = 'one'
+      AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = n.account AND a.smuid = n.smuid)
+      AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = n.account AND e.smuid = n.smuid)"""
+    gone = f"SELECT DISTINCT account FROM {events} WHERE type = 'nack' AND reason = 'disconnect'"
+    return f"""SELECT account, smuid, `to`, seq FROM (
+  SELECT c.*, row_number() OVER (PARTITION BY c.smuid ORDER BY p.account IS NOT NULL, xxhash64(c.smuid, c.`to`)) AS _k
+  FROM (
+    SELECT h.account, h.smuid, h.seq, s.account AS `to`
+    FROM (SELECT h.*, m.accepted_at AS _at, explode({candidate_patterns_sql("m.topic")}) AS _pattern
+          FROM ({held}) h JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = h.smuid) h
+    JOIN {intervals} s ON s.pattern = h._pattern AND s.to_seq IS NULL
+         AND (s.since IS NULL OR s.since <= h._at) AND (s.until IS NULL OR h._at < s.until)
+    WHERE s.account <> h.account AND s.account NOT IN ({gone})) c
+  LEFT JOIN (SELECT DISTINCT account, smuid FROM {retrying}) p ON p.account = c.`to` AND p.smuid = c.smuid)
+WHERE _k = 1"""
+
+
+def released(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: DataFrame, intervals: DataFrame,
+             messages: DataFrame) -> DataFrame:
+    """NACKed DELIVERY ONE deliveries and who gets them instead → :data:`RELEASED`.
+
+    XEP-0254 queueing: a DELIVERY ONE message is locked to one subscriber until
+    it acknowledges; when its NOTIFY times out, or the subscriber's login ends
+    (a ``disconnect`` NACK), it is unlocked and offered to another subscriber:
+    one whose subscription covers its topic at the end of the batch (and whose
+    SINCE/UNTIL admit it), not the one releasing it, not one that disconnected
+    in this batch, preferring one that never held it, then by a hash of
+    (smuid, account).  With nobody else, nothing is released and the NACK
+    counts as a retry (:func:`retried`).  ``retrying`` holds the stored
+    deliveries of the NACKed messages, every account's; ``messages`` has the
+    ``MESSAGES_TABLE`` columns.
+    """
+    return run_sql(released_sql("{events}", "{retrying}", "{acks}", "{expiring}", "{intervals}", "{messages}"),
+                   {"events": events, "retrying": retrying, "acks": acks, "expiring": expiring,
+                    "intervals": intervals, "messages": messages})
+
+
+def reassigned_sql(released: str, messages: str) -> str:
+    """SQL: :func:`released` → the new deliveries (:data:`DELIVERIES`) to their new subscribers."""
+    return f"""SELECT x.`to` AS account, m.smuid, m.topic, m.cmuid, m.publisher, m.publisher_guid,
+       unix_micros(m.accepted_at) AS accepted_at, m.priority, m.headers, m.sections, x.seq,
+       unix_micros(m.expires_at) AS expires_at, coalesce(m.receipt, 'none') AS receipt, 'one' AS delivery
+FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = x.smuid"""
 
 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
                          now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
-                         retried: str | None = None) -> str:
+                         retried: str | None = None, released: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``, ``retried``: empty when None)."""
+    ``expiring``, ``retried``, ``released``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
     expiring = expiring or empty_sql(EXPIRING)
     retried = retried or empty_sql(RETRIED)
     routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
-    no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt"
+    released = released or empty_sql(RELEASED)
+    no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt, CAST(NULL AS STRING) AS delivery"
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
             WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked'
             WHEN {_expired("d.expires_at", now)} THEN 'expired' ELSE 'pending' END AS status,
        {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
        a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, CAST(NULL AS INT) AS retries,
-       d.receipt, TRUE AS is_new
+       d.receipt, d.delivery, TRUE AS is_new
 FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
 UNION ALL
 SELECT '' AS account, u.smuid, u.topic, u.priority,
@@ -669,13 +744,21 @@ SELECT r.account, r.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS p
        CASE WHEN r.dead THEN 'trashed' ELSE 'retry' END AS status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
-       CAST(NULL AS TIMESTAMP) AS expires_at, r.retries, CAST(NULL AS STRING) AS receipt, FALSE AS is_new
-FROM {retried} r"""
+       CAST(NULL AS TIMESTAMP) AS expires_at, r.retries, CAST(NULL AS STRING) AS receipt,
+       CAST(NULL AS STRING) AS delivery, FALSE AS is_new
+FROM {retried} r
+UNION ALL
+SELECT x.account, x.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'released' AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {released} x"""
 
 
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
                      now: int | None = None, unrouted: DataFrame | None = None,
-                     expiring: DataFrame | None = None, retried: DataFrame | None = None) -> DataFrame:
+                     expiring: DataFrame | None = None, retried: DataFrame | None = None,
+                     released: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -689,10 +772,12 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     ``is_new = false`` rows with status ``expired``: they update a matching row
     and are never inserted.  :func:`retried` deliveries are ``is_new = false``
     rows with their new ``retries`` and status ``retry`` (update the count
-    only) or ``trashed`` (out of retries).  One row per (account, smuid).
+    only) or ``trashed`` (out of retries); :func:`released` ones are ``is_new =
+    false`` rows with status ``released`` (their new subscriber's row comes in
+    ``deliveries``).  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
-    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried}
+    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released}
     frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
                                         *("{%s}" % name if frame is not None else None
@@ -709,7 +794,8 @@ def deliver_records_sql(deliveries: str) -> str:
          'publisher', publisher, 'publisher_guid', publisher_guid, 'accepted_at', accepted_at,
          'priority', coalesce(priority, 0),
          'headers', coalesce(headers, CAST(array() AS {HEADERS.simpleString()})),
-         'sections', coalesce(sections, CAST(array() AS {ArrayType(SECTION_JSON).simpleString()})))) AS value,
+         'sections', coalesce(sections, CAST(array() AS {ArrayType(SECTION_JSON).simpleString()})),
+         'delivery', coalesce(delivery, 'all'))) AS value,
        seq
 FROM {deliveries}"""
 
@@ -736,8 +822,10 @@ def acked_records(acks: DataFrame) -> DataFrame:
     return run_sql(acked_records_sql("{acks}"), {"acks": acks})
 
 
-def expired_records_sql(expiring: str, retried: str) -> str:
-    """SQL of :func:`expired_records` over the relations ``expiring`` and ``retried``."""
+def expired_records_sql(expiring: str, retried: str, released: str | None = None) -> str:
+    """SQL of :func:`expired_records` over the relations ``expiring``, ``retried`` and ``released``
+    (none when None)."""
+    released = released or empty_sql(RELEASED)
     return f"""SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'expired')) AS value,
        CAST(NULL AS {_SEQ_DDL}) AS seq
@@ -746,15 +834,24 @@ UNION ALL
 SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'max_retries')) AS value,
        seq
-FROM {retried} WHERE dead"""
+FROM {retried} WHERE dead
+UNION ALL
+SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'released')) AS value,
+       seq
+FROM {released}"""
 
 
-def expired_records(expiring: DataFrame, retried: DataFrame) -> DataFrame:
+def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None) -> DataFrame:
     """Stored deliveries that died unacknowledged → ``Acked`` records with the reason, so the
     gateways withdraw them from their books and queues: those that expired (:func:`expiring`,
     not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
-    (:func:`retried`, ``dead``)."""
-    return run_sql(expired_records_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})
+    (:func:`retried`, ``dead``), and DELIVERY ONE ones handed to another subscriber (:func:`released`)."""
+    frames = {"expiring": expiring, "retried": retried}
+    if released is not None:
+        frames["released"] = released
+    return run_sql(expired_records_sql("{expiring}", "{retried}", "{released}" if released is not None else None),
+                   frames)
 
 
 # -- receipts (2002 revision: RECEIPT ONE / ALL, and "X/Y" when the timeout passes first)
@@ -793,7 +890,7 @@ def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str) -> st
   FROM {state} s
   LEFT JOIN {acks} a ON a.account = s.account AND a.smuid = s.smuid
   LEFT JOIN (SELECT DISTINCT smuid FROM {expiring}) e ON e.smuid = s.smuid
-  WHERE s.account <> '' AND s.receipt IN ('one', 'all')
+  WHERE s.account <> '' AND s.receipt IN ('one', 'all') AND s.status <> 'released'
   GROUP BY s.smuid)
 WHERE ((mode = 'one' AND acked >= 1) OR (mode = 'all' AND acked = targeted) OR expiring)
   AND smuid NOT IN (SELECT smuid FROM {receipted})"""
@@ -830,7 +927,7 @@ def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:
        array(named_struct('headers', array(array('Content-Type', 'text/plain'),
                                            array('Content-Length', CAST(length({body}) AS STRING))),
                           'data', base64(CAST({body} AS BINARY)))) AS sections,
-       CAST(NULL AS {_SEQ_DDL}) AS seq, CAST(NULL AS BIGINT) AS expires_at, 'none' AS receipt,
+       CAST(NULL AS {_SEQ_DDL}) AS seq, CAST(NULL AS BIGINT) AS expires_at, 'none' AS receipt, 'all' AS delivery,
        d.smuid AS receipt_for, d.mode, d.acked, d.targeted
 FROM (SELECT *, row_number() OVER (ORDER BY smuid) - 1 AS {k} FROM {due}) d
 JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = d.smuid"""
@@ -863,5 +960,5 @@ def receipt_message_rows_sql(receipts: str, batch_id: int) -> str:
     return f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, priority, headers, sections,
        timestamp_micros(accepted_at) AS accepted_at, CAST(NULL AS INT) AS kafka_partition,
        CAST(NULL AS BIGINT) AS kafka_offset, {sql_literal(batch_id)} AS batch_id,
-       CAST(NULL AS TIMESTAMP) AS expires_at, receipt
+       CAST(NULL AS TIMESTAMP) AS expires_at, receipt, delivery
 FROM {receipts}"""

@@ -94,8 +94,9 @@ OUTPUTS: dict[str, StructType] = {
 _UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                         StructField("priority", IntegerType()), StructField("expires_at", LongType())])
 
-#: The columns of the stored messages the Trash and the receipts need.
-_TRASH_SOURCE = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "headers", "sections", "batch_id"]
+#: The columns of the stored messages the Trash, the receipts and DELIVERY ONE reassignments need.
+_STORED_COLUMNS = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "priority", "headers", "sections",
+                   "accepted_at", "batch_id", "expires_at", "receipt", "delivery"]
 
 #: The smuids already answered with a receipt (``receipts`` rows).
 _RECEIPTED = StructType([StructField("smuid", LongType())])
@@ -125,7 +126,7 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
-    messages of both, ``MESSAGES_TABLE`` columns :data:`_TRASH_SOURCE`), ``{receipt_state}`` (the
+    messages of both, ``MESSAGES_TABLE`` columns :data:`_STORED_COLUMNS`), ``{receipt_state}`` (the
     stored deliveries of messages acknowledged or expiring in this batch that asked for a receipt,
     :data:`routing.RECEIPT_STATE`) and ``{receipted}`` (which of those were answered already).
 
@@ -140,7 +141,7 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     (``receipts``).
     """
     new, stored = expiry
-    source = ", ".join(_TRASH_SOURCE)
+    source = ", ".join(_STORED_COLUMNS)
     ctes = {
         "events": routing.parse_commands_sql("{records}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
@@ -152,28 +153,33 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
                      if new or stored else routing.empty_sql(routing.EXPIRING)[1:-1]),
-        "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring") if retries
+        "new_messages": routing.message_rows_sql("events", batch_id),
+        "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
+        "released": (routing.released_sql("events", "{retrying}", "acks", "expiring", "intervals", "all_messages")
+                     if retries else routing.empty_sql(routing.RELEASED)[1:-1]),
+        "reassigned": routing.reassigned_sql("released", "all_messages"),
+        "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring", "released") if retries
                     else routing.empty_sql(routing.RETRIED)[1:-1]),
         "dead": routing.dead_messages_sql("expiring", "retried"),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        "out_expired": routing.expired_records_sql("expiring", "retried"),
-        "new_messages": routing.message_rows_sql("events", batch_id),
-        "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
+        "out_expired": routing.expired_records_sql("expiring", "retried", "released"),
         "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
                          else routing.empty_sql(routing.RECEIPTS_DUE)[1:-1]),
         "receipt_messages": routing.receipt_messages_sql("receipts_due", "all_messages", now),
         "receipt_deliveries": f"SELECT {', '.join(routing.DELIVERIES.fieldNames())} FROM receipt_messages",
-        "new_deliveries": "SELECT * FROM routed UNION ALL SELECT * FROM receipt_deliveries",
-        "out_deliver": routing.deliver_records_sql("(SELECT * FROM live UNION ALL SELECT * FROM receipt_deliveries)"),
+        "new_deliveries": ("SELECT * FROM routed UNION ALL SELECT * FROM receipt_deliveries "
+                           "UNION ALL SELECT * FROM reassigned"),
+        "out_deliver": routing.deliver_records_sql("(SELECT * FROM live UNION ALL SELECT * FROM receipt_deliveries "
+                                                   "UNION ALL SELECT * FROM reassigned)"),
         "out_messages": ("SELECT * FROM new_messages UNION ALL "
                          + routing.receipt_message_rows_sql("receipt_messages", batch_id)),
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried"),
+                                                       "unrouted", "expiring", "retried", "released"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -377,17 +383,15 @@ class CommandSink:
         return pa.table(reader).cast(schema)
 
     def retry_candidates(self, keys: list[tuple[str, int]]) -> pa.Table:
-        """The stored ``deliveries`` rows (:data:`routing.RETRYING`) of the NACKed ``keys``."""
+        """The stored ``deliveries`` rows (:data:`routing.RETRYING`) of the messages the NACKed
+        ``keys`` name, every account's (who held a DELIVERY ONE message before)."""
         schema = arrow_schema(routing.RETRYING)
         if not keys:
             return schema.empty_table()
         smuids = ", ".join(str(int(smuid)) for smuid in sorted({smuid for _, smuid in keys}))
         reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
-                  .execute(f"SELECT account, smuid, status, retries FROM deliveries WHERE smuid IN ({smuids})"))
-        rows = pa.table(reader).cast(schema)
-        wanted = pa.array([f"{account}\x00{smuid}" for account, smuid in keys])
-        key = pc.binary_join_element_wise(rows.column("account"), pc.cast(rows.column("smuid"), pa.string()), "\x00")
-        return rows.filter(pc.is_in(key, wanted))
+                  .execute(f"SELECT account, smuid, status, retries, delivery FROM deliveries WHERE smuid IN ({smuids})"))
+        return pa.table(reader).cast(schema)
 
     def receipt_state(self, smuids: list[int]) -> pa.Table:
         """Every stored delivery (:data:`routing.RECEIPT_STATE`) of those of ``smuids`` that asked for
@@ -411,12 +415,12 @@ class CommandSink:
             columns=["smuid"], filters=[("smuid", "in", sorted(smuids))]).cast(schema)
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
-        """The stored ``messages`` rows (columns :data:`_TRASH_SOURCE`) of ``smuids``."""
-        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _TRASH_SOURCE]))
+        """The stored ``messages`` rows (columns :data:`_STORED_COLUMNS`) of ``smuids``."""
+        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS]))
         if not smuids:
             return schema.empty_table()
         arrow = self._table("messages").to_pyarrow_table(
-            columns=_TRASH_SOURCE, filters=[("smuid", ">=", min(smuids)), ("smuid", "<=", max(smuids))])
+            columns=_STORED_COLUMNS, filters=[("smuid", ">=", min(smuids)), ("smuid", "<=", max(smuids))])
         arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(smuids, pa.int64())))
         return arrow.cast(schema)
 
@@ -458,7 +462,7 @@ class CommandSink:
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
-                                    ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _TRASH_SOURCE]))):
+                                    ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
                 sql = sql.replace("{" + name + "}", relation)
@@ -562,7 +566,7 @@ class CommandSink:
             )
             .when_matched_update(
                 updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
-                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed')",
+                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed', 'released')",
             )
             .when_matched_update(
                 updates={"status": "s.status"},
@@ -575,6 +579,15 @@ class CommandSink:
             .when_matched_update(
                 updates={"retries": "s.retries"},
                 predicate="s.status = 'retry' AND t.status = 'pending'",
+            )
+            .when_matched_update(
+                updates={"status": "s.status"},
+                predicate="s.status = 'released' AND t.status = 'pending'",
+            )
+            .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
+                updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",
+                         "retries": "s.retries"},
+                predicate="s.is_new AND s.status = 'pending' AND t.status = 'released'",
             )
             .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
             .execute()

@@ -1,4 +1,5 @@
-"""Queue semantics end to end (issue 4): priority, GUARANTEE NO, retries into the Trash.
+"""Queue semantics end to end (issue 4): priority, GUARANTEE NO, retries into the Trash, receipts,
+DELIVERY ONE.
 
 Real broker, real streaming job, Delta on disk, a real gateway and the reference client.
 """
@@ -153,3 +154,54 @@ def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_accoun
     receipts = table_rows(config, "receipts")
     assert sorted((r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in receipts) == [
         (both, "all", 2, 2), (half, "all", 1, 2)]
+
+
+def test_three_delivery_one_subscribers_share_300_messages_each_acknowledged_once_one_killed_halfway(
+        broker, spark, tmp_path):
+    """DELIVERY ONE (2002 revision, XEP-0254 queueing): each message is locked to one subscriber;
+    when a subscriber's connection dies, what it held is offered to the others; in the end every
+    message was acknowledged exactly once."""
+    config = stack_config(broker, tmp_path, accounts=hashed(w1="1", w2="2", w3="3", pub="p"),
+                          topics={"/q/jobs": {"delivery": "one"}})
+    total = 300
+
+    async def worker(address, name):
+        client = await SMQPClient.open(*address, name, name[1])
+        await client.subscribe("/q/jobs")
+        return client
+
+    async def consume(client, name, acked, kill_after=None):
+        while sum(len(smuids) for smuids in acked.values()) < total:
+            try:
+                note = await client.next_notification(5)
+            except asyncio.TimeoutError:
+                continue
+            await note.ack()
+            acked[name].append(note.smuid)
+            if kill_after is not None and len(acked[name]) == kill_after:
+                client._main.writer.transport.abort()  # killed: no QUIT, the socket just dies
+                return
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/q/jobs")
+        acked = {"w1": [], "w2": [], "w3": []}
+        workers = {name: await worker(address, name) for name in acked}
+        async with await SMQPClient.open(*address, "pub", "p") as pub:
+            published = [await pub.publish("/q/jobs", f"job {i}") for i in range(total)]
+        await asyncio.wait_for(asyncio.gather(consume(workers["w1"], "w1", acked), consume(workers["w2"], "w2", acked),
+                                              consume(workers["w3"], "w3", acked, kill_after=30)), 240)
+        for name in ("w1", "w2"):
+            await workers[name].close()
+        return published, acked
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        published, acked = asyncio.run(scenario(gateway.address))
+        deliveries = table_rows(config, "deliveries", until=lambda rows: sum(r["status"] == "acked" for r in rows) >= total)
+    everything = [smuid for smuids in acked.values() for smuid in smuids]
+    assert sorted(everything) == sorted(published)  # every message, each acknowledged exactly once
+    assert len(acked["w3"]) == 30 and min(len(acked["w1"]), len(acked["w2"])) > 30  # shared, then taken over
+    by_message = {}
+    for row in deliveries:
+        by_message.setdefault(row["smuid"], []).append(row["status"])
+    assert all(statuses.count("acked") == 1 for statuses in by_message.values())
+    assert sum("released" in statuses for statuses in by_message.values()) > 0

@@ -43,11 +43,12 @@ def make_seq(offset: int):
 
 def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
           cmuid=None, priority=None, headers=None, sections=None, since=None, until=None,
-          accepted=None, expires_at=None, tick_at=None, receipt=None, max_retries=None, reason=None) -> tuple:
+          accepted=None, expires_at=None, tick_at=None, receipt=None, max_retries=None, reason=None,
+          delivery=None) -> tuple:
     """One EVENTS row (field order of routing.EVENTS); accepted at ``accepted`` (an offset), else ``offset``."""
     return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset if accepted is None else accepted),
             priority, headers, sections, since, until, expires_at, tick_at, receipt, max_retries, reason,
-            seq(offset), 0, offset)
+            delivery, seq(offset), 0, offset)
 
 
 def publish(offset, smuid, topic, account="pub", **kw):
@@ -70,8 +71,8 @@ def ack(offset, account, smuid, guid="g"):
     return event("ack", offset, account=account, smuid=smuid, guid=guid)
 
 
-def nack(offset, account, smuid, max_retries=3, guid="g"):
-    return event("nack", offset, account=account, smuid=smuid, guid=guid, max_retries=max_retries, reason="timeout")
+def nack(offset, account, smuid, max_retries=3, guid="g", reason="timeout"):
+    return event("nack", offset, account=account, smuid=smuid, guid=guid, max_retries=max_retries, reason=reason)
 
 
 def sub_row(account, pattern, guid="g0", active=True, batch_id=0, since=None, until=None):
@@ -99,8 +100,8 @@ def frames(spark):
         @staticmethod
         def events(*rows):
             # rows written before expires_at / at, and receipt / max_retries / reason, existed: null
-            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 5 else r for r in rows]
-            rows = [r[:15] + (None, None, None) + r[15:] if len(r) == len(EVENTS) - 3 else r for r in rows]
+            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 6 else r for r in rows]
+            rows = [r[:15] + (None, None, None, None) + r[15:] if len(r) == len(EVENTS) - 4 else r for r in rows]
             return spark.createDataFrame(rows, EVENTS)
 
         @staticmethod
@@ -110,8 +111,8 @@ def frames(spark):
         @staticmethod
         def deliveries(*rows):
             # rows written before expires_at existed: a state message; before receipts: none asked
-            rows = [r + (None,) if len(r) == len(DELIVERIES) - 2 else r for r in rows]
-            rows = [r + ("none",) if len(r) == len(DELIVERIES) - 1 else r for r in rows]
+            rows = [r + (None,) if len(r) == len(DELIVERIES) - 3 else r for r in rows]
+            rows = [r + ("none", "all") if len(r) == len(DELIVERIES) - 2 else r for r in rows]
             return spark.createDataFrame(rows, DELIVERIES)
 
         @staticmethod
@@ -156,7 +157,8 @@ def test_parse_commands_reads_every_command_type_and_drops_bad_records(spark, fr
     actual = routing.parse_commands(frames.of(KAFKA_RECORD, *raw))
     expected = frames.events(
         ("publish", 7, "/stocks/quotes/ibm", "c1", "alice", "ga", None, at(0), 3, [["Subject", "IBM"]],
-         [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, None, None, "none", None, None, seq(0), 0, 0),
+         [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, None, None, "none", None, None, "all",
+         seq(0), 0, 0),
         ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, None, None,
          seq(1), 0, 1),
         ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, None, None,
@@ -459,9 +461,9 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
     schema = StructType(list(DELIVERIES_TABLE.fields) + [StructField("is_new", BooleanType(), False)])
     expected = frames.of(
         schema,
-        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", None, None, "none", True),
-        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, None, None, "none", True),
-        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", None, None, None, False),
+        ("bob", 1, "/t", 2, "acked", routed_at, 5, ts(3), "ga", None, None, "none", "all", True),
+        ("bob", 2, "/t", 0, "pending", routed_at, 5, None, None, None, None, "none", "all", True),
+        ("bob", 99, None, None, "acked", None, None, ts(4), "gb", None, None, None, None, False),
     )
     actual = routing.delivery_updates(deliveries, acks, 5, routed_at)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
@@ -469,7 +471,7 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
 
 def test_message_rows(frames):
     evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
-    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None, "none"))
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None, "none", "all"))
     assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
 
 
@@ -606,7 +608,7 @@ def test_stored_deliveries_that_expire_are_updated_announced_and_trashed_once(fr
     assert records and all(r.seq is None for r in records)
     assert sorted((r.key, ev.decode(r.value)) for r in records) == [
         (b"bob", ev.Acked("bob", 1, "expired")), (b"carol", ev.Acked("carol", 1, "expired"))]
-    stored = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, ts(10), "none"))
+    stored = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, ts(10), "none", "all"))
     trashed = routing.trash(dead(frames, expiring), stored, NOW, 6).collect()
     assert [(r.smuid, r.account, r.trash_topic, r.reason, r.trashed_at, r.batch_id) for r in trashed] == [
         (1, "", "/t/Trash", "expired", ts(10).replace(tzinfo=None), 6)]
@@ -627,8 +629,8 @@ def test_nacks_count_retries_until_max_retries_sends_the_delivery_to_the_trash(f
     three more went unacknowledged) kills it."""
     events = frames.events(nack(5, "bob", 1), nack(6, "bob", 1), nack(7, "carol", 1), nack(8, "dave", 1),
                            nack(9, "erin", 1), nack(10, "frank", 1), ack(11, "frank", 1))
-    retrying = frames.of(routing.RETRYING, ("bob", 1, "pending", 2), ("carol", 1, "pending", None),
-                         ("dave", 1, "acked", 2), ("frank", 1, "pending", 0))  # erin: never routed
+    retrying = frames.of(routing.RETRYING, ("bob", 1, "pending", 2, "all"), ("carol", 1, "pending", None, "all"),
+                         ("dave", 1, "acked", 2, "all"), ("frank", 1, "pending", 0, "all"))  # erin: never routed
     acks = routing.extract_acks(events)
     retried = routing.retried(events, retrying, acks, frames.of(routing.EXPIRING))
     expected = frames.of(routing.RETRIED, ("bob", 1, 4, True, seq(6)), ("carol", 1, 1, False, seq(7)))
@@ -647,7 +649,7 @@ def test_nacks_count_retries_until_max_retries_sends_the_delivery_to_the_trash(f
 def test_a_nack_of_a_delivery_that_expires_in_the_same_batch_is_not_counted(frames):
     events = frames.events(nack(5, "bob", 1))
     expiring = frames.of(routing.EXPIRING, ("bob", 1, False))
-    retried = routing.retried(events, frames.of(routing.RETRYING, ("bob", 1, "pending", 2)),
+    retried = routing.retried(events, frames.of(routing.RETRYING, ("bob", 1, "pending", 2, "all")),
                               routing.extract_acks(events), expiring)
     assert retried.count() == 0
     assert [(r.smuid, r.account, r.reason) for r in dead(frames, expiring, retried).collect()] == [(1, "", "expired")]
@@ -674,8 +676,8 @@ def test_receipts_fall_due_at_the_first_ack_for_one_at_the_last_for_all_and_x_of
 
 def test_a_receipt_is_a_message_to_the_publishers_account_topic_with_x_of_y(frames):
     due = frames.of(routing.RECEIPTS_DUE, (20, "all", 4, 6), (10, "one", 1, 3))
-    messages = frames.of(MESSAGES_TABLE, (10, "/t", "c10", "alice", "ga", 0, [], [], ts(1), 0, 1, 2, None, "one"),
-                         (20, "/t", "c20", "Bob", "gb", 0, [], [], ts(2), 0, 2, 2, None, "all"))
+    messages = frames.of(MESSAGES_TABLE, (10, "/t", "c10", "alice", "ga", 0, [], [], ts(1), 0, 1, 2, None, "one", "all"),
+                         (20, "/t", "c20", "Bob", "gb", 0, [], [], ts(2), 0, 2, 2, None, "all", "all"))
     rows = routing.receipt_messages(due, messages, NOW).orderBy("receipt_for").collect()
     assert [(r.account, r.topic, r.cmuid, r.receipt_for, r.headers) for r in rows] == [
         ("alice", "/accounts/alice", "c10", 10, [["Receipt", "ONE"], ["Receipt-For", "10"], ["Delivered", "1/3"]]),
@@ -686,3 +688,49 @@ def test_a_receipt_is_a_message_to_the_publishers_account_topic_with_x_of_y(fram
     assert [r.smuid for r in rows] == [compose(NOW // 1000 - EPOCH_MS, JOB_NODE_ID, k) for k in (0, 1)]
     # the same batch replayed makes the same receipts
     assert routing.receipt_messages(due, messages, NOW).orderBy("receipt_for").collect() == rows
+
+
+# -- DELIVERY ONE
+
+
+def test_a_delivery_one_message_reaches_exactly_one_subscriber_spread_by_hash(frames):
+    subs = [sub_row(name, "/jobs") for name in ("ann", "ben", "cat")]
+    events = [publish(i, i, "/jobs", delivery="one") for i in range(1, 61)] + [publish(61, 61, "/jobs")]
+    rows = routed(frames, subs, *events).collect()
+    one = [r for r in rows if r.smuid <= 60]
+    assert sorted(r.smuid for r in one) == list(range(1, 61))  # each exactly once
+    share = {name: sum(r.account == name for r in one) for name in ("ann", "ben", "cat")}
+    assert min(share.values()) >= 10, share  # spread, not all to one
+    assert sorted(r.account for r in rows if r.smuid == 61) == ["ann", "ben", "cat"]  # ALL: everyone
+    again = routed(frames, subs, *events).collect()
+    assert sorted((r.account, r.smuid) for r in again) == sorted((r.account, r.smuid) for r in rows)
+
+
+def test_a_nacked_delivery_one_message_goes_to_another_subscriber_never_to_one_that_left(frames):
+    events = frames.events(nack(5, "eve", 1, reason="disconnect"), nack(6, "ben", 2), nack(7, "ann", 3),
+                           nack(8, "cat", 4))
+    current = frames.subs(*(sub_row(name, "/jobs/*") for name in ("ann", "ben", "cat", "eve")), sub_row("dan", "/other"))
+    intervals = routing.subscription_intervals(current, events)
+    retrying = frames.of(routing.RETRYING,
+                         ("eve", 1, "pending", None, "one"),  # eve left: to ann, ben or cat
+                         ("ben", 2, "pending", None, "one"), ("cat", 2, "released", None, "one"),  # to one who never had it
+                         ("ann", 3, "pending", None, "all"),  # ALL: never released, retried
+                         ("cat", 4, "pending", 1, "one"), ("ann", 4, "released", None, "one"),
+                         ("ben", 4, "released", None, "one"))  # everyone had it: back to one who did
+    messages = frames.of(MESSAGES_TABLE, *((n, "/jobs/x", f"c{n}", "pub", "g", 0, [], [], ts(1), 0, n, 1, None,
+                                            "none", "one") for n in (1, 2, 3, 4)))
+    acks, expiring = routing.extract_acks(events), frames.of(routing.EXPIRING)
+    released = routing.released(events, retrying, acks, expiring, intervals, messages)
+    moved = {r.smuid: (r.account, r.to) for r in released.collect()}
+    assert moved[1][0] == "eve" and moved[1][1] in ("ann", "ben", "cat")
+    assert moved[2] == ("ben", "ann")
+    assert 3 not in moved
+    assert moved[4][0] == "cat" and moved[4][1] in ("ann", "ben")
+    retried = routing.retried(events, retrying, acks, expiring, released)
+    assert [(r.account, r.smuid, r.retries) for r in retried.collect()] == [("ann", 3, 1)]  # released ones are not
+    new = routing.run_sql(routing.reassigned_sql("{released}", "{messages}"),
+                          {"released": released, "messages": messages}).collect()
+    assert sorted((r.account, r.smuid, r.delivery) for r in new) == sorted((to, s, "one") for s, (_, to) in moved.items())
+    records = [ev.decode(r.value) for r in routing.expired_records(expiring, retried, released).collect()]
+    assert sorted((a.account, a.smuid, a.reason) for a in records) == sorted(
+        (held, s, "released") for s, (held, _) in moved.items())

@@ -35,17 +35,20 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
     unrouted = routing.unrouted(events, deliveries)
     pending = spark.createDataFrame([], routing.PENDING)
     expiring = routing.expiring(deliveries, unrouted, acks, pending, now)
-    retried = routing.retried(events, spark.createDataFrame([], routing.RETRYING), acks, expiring)
+    retrying = spark.createDataFrame([], routing.RETRYING)
+    released = routing.released(events, retrying, acks, expiring, intervals, routing.message_rows(events, 7))
+    retried = routing.retried(events, retrying, acks, expiring, released)
     live = routing.live(deliveries, expiring)
     messages = routing.message_rows(events, 7)
     expected = {
         "progress": spark.createDataFrame([(0, 10 + len(rows), len(rows))], OUTPUTS["progress"]),
         "deliver": routing.deliver_records(live),
         "acked": routing.acked_records(routing.settled(acks, live)),
-        "expired": routing.expired_records(expiring, retried),
+        "expired": routing.expired_records(expiring, retried, released),
         "messages": messages,
         "trash": routing.trash(routing.dead_messages(expiring, retried), messages, now, 7),
-        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring, retried),
+        "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring, retried,
+                                               released),
         "subscriptions": routing.subscription_state(intervals, 7),
         "receipts": routing.run_sql(routing.receipt_rows_sql("{receipts}", 7), {"receipts": routing.receipt_messages(
             routing.receipts_due(spark.createDataFrame([], routing.RECEIPT_STATE), acks, expiring,
