@@ -759,7 +759,9 @@ class Session:
                  over_capacity: Callable[[], str | None] = lambda: None, access: AccessList = AccessList(),
                  scram_credentials: Callable[[str], Credentials | AuthResult] = lambda user: AuthResult.UNKNOWN_ACCOUNT,
                  login_outcome: Callable[[str, bool], None] = lambda user, ok: None,
-                 new_nonce: Callable[[], str] = lambda: "nonce"):
+                 new_nonce: Callable[[], str] = lambda: "nonce",
+                 new_salt: Callable[[], tuple[bytes, int]] = lambda: (b"salt", 4096),
+                 store_credentials: Callable[[Credentials], str] = repr):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -774,6 +776,8 @@ class Session:
         self._scram_credentials = scram_credentials  # SCRAM-SHA-256: the account's stored keys
         self._login_outcome = login_outcome  # SCRAM results, for the throttling of failed logins
         self._new_nonce = new_nonce
+        self._new_salt = new_salt  # SET LOGIN PASSWORD SCRAM-SHA-256: (salt, iterations) for the new one
+        self._store_credentials = store_credentials  # ... and the stored form of what the client derived
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -1296,10 +1300,13 @@ class Session:
         return self._control(SetTopicKeywords(self._new_request(), self._account, topic, keywords, self._now()))
 
     def _set_password(self, args: list[str]) -> list[Action]:
-        """CLEAR negotiation: ``200 + old password``, the old one, ``+ new password``, the new one."""
+        """CLEAR: ``200 + old password``, the old one, ``+ new password``, the new one; or SCRAM-SHA-256."""
         if len(args) != 1 or "/" not in args[0]:
             return self._usage("SET LOGIN PASSWORD <method>/<version>")
-        if args[0].split("/", 1)[0].upper() != "CLEAR":
+        method = args[0].split("/", 1)[0].upper()
+        if method == SCRAM_METHOD:
+            return self._scram_set_password()
+        if method != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
 
         def new_password(old: str, line: bytes) -> list[Action]:
@@ -1316,6 +1323,48 @@ class Session:
 
         self._continuation = old_password
         return self._reply(Reply.ok("+ old password"))
+
+    def _scram_set_password(self) -> list[Action]:
+        """SCRAM-SHA-256, neither password on the wire: ``200 +`` / client-first /
+        ``+ server-first`` / client-final (proves the old password; a failure is a failed login) /
+        ``+ server-final,s=<new salt>,i=<iterations>`` / ``h=<masked SaltedPassword>,p=<MAC>``
+        (see :mod:`gateway.scram`) / ``200 OK`` once the new hash is folded.  Each message base64."""
+        account = self._account
+        credentials = self._scram_credentials(account)
+        if credentials is AuthResult.UNKNOWN_ACCOUNT:
+            return self._reply(Reply.error(NOT_ALLOWED, f"{account} has no SCRAM credentials; use CLEAR/1.0"))
+        if credentials is AuthResult.THROTTLED:
+            return self._reply(Reply.error(UNAUTHORIZED, "too many failed logins; try again later"))
+        server = ScramServer(credentials, self._new_nonce())
+
+        def new_credentials(line: bytes) -> list[Action]:
+            try:
+                stored = self._store_credentials(server.new_credentials(_unbase64(line)))
+            except ScramError as error:
+                return self._bad(Reply.error(BAD_REQUEST, f"new password: {error}"))
+            return self._control(SetLogin(self._new_request(), account, "password", stored, self._now()))
+
+        def client_final(line: bytes) -> list[Action]:
+            try:
+                server_final = server.final(_unbase64(line))
+            except ScramError as error:
+                self._login_outcome(account, False)
+                return self._reply(Reply.error(UNAUTHORIZED, f"old password not proved: {error}"))
+            self._login_outcome(account, True)
+            self._continuation = new_credentials
+            offer = server.offer_new_password(server_final, *self._new_salt())
+            return [Send(f"+ {_base64(offer)}\r\n\r\n".encode())]
+
+        def client_first(line: bytes) -> list[Action]:
+            try:
+                server_first = server.first(_unbase64(line))
+            except ScramError as error:
+                return self._bad(Reply.error(BAD_REQUEST, str(error)))
+            self._continuation = client_final
+            return [Send(f"+ {_base64(server_first)}\r\n\r\n".encode())]
+
+        self._continuation = client_first
+        return self._reply(Reply.ok("+"))
 
     def _set_notify_port(self, args: list[str]) -> list[Action]:
         if not 1 <= len(args) <= 2 or not (args[0].isascii() and args[0].isdigit()) \

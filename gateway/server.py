@@ -33,7 +33,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from gateway.accounts import Accounts, hash_password
+from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
@@ -448,7 +448,8 @@ class Gateway:
                        hash_password=hash_password, on_command=self.metrics.frame_in,
                        over_capacity=self._over_capacity, access=self.access,
                        scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
-                       new_nonce=lambda: secrets.token_urlsafe(18))
+                       new_nonce=lambda: secrets.token_urlsafe(18),
+                       new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
