@@ -92,6 +92,7 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
+from schemas.queue_params import QueueParameters
 from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
 from schemas.topics import RootWildcardError, TopicError, account_topic, canonical, parse_pattern
 
@@ -761,7 +762,9 @@ class Session:
                  login_outcome: Callable[[str, bool], None] = lambda user, ok: None,
                  new_nonce: Callable[[], str] = lambda: "nonce",
                  new_salt: Callable[[], tuple[bytes, int]] = lambda: (b"salt", 4096),
-                 store_credentials: Callable[[Credentials], str] = repr):
+                 store_credentials: Callable[[Credentials], str] = repr,
+                 queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
+                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0)):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -778,6 +781,8 @@ class Session:
         self._new_nonce = new_nonce
         self._new_salt = new_salt  # SET LOGIN PASSWORD SCRAM-SHA-256: (salt, iterations) for the new one
         self._store_credentials = store_credentials  # ... and the stored form of what the client derived
+        self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
+        self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -1403,7 +1408,8 @@ class Session:
             return self._usage("PUBLISH MESSAGE|REPLY <topic> <cmuid>")
         error, topic = self._publish_target(args[1:])
         framer = MessageFramer(max_header_lines=self._config.max_header_lines,
-                               max_message_bytes=self._config.max_message_bytes, keep_data=error is None)
+                               max_message_bytes=self._message_limit(topic) if error is None
+                               else self._config.max_message_bytes, keep_data=error is None)
         self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error, resource == "REPLY")
         return []
 
@@ -1455,6 +1461,9 @@ class Session:
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
+        refused = self._queue_limits(topic, publish.framer.sections)
+        if refused is not None:
+            return self._reply(refused) if guaranteed(headers) else []
         now = self._now()
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
@@ -1464,6 +1473,35 @@ class Session:
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
+
+    def _message_limit(self, topic: str) -> int:
+        """Data bytes one message to ``topic`` may carry: its ``max_message_bytes``, else the gateway's."""
+        return self._queue_params(topic).max_message_bytes or self._config.max_message_bytes
+
+    def _queue_limits(self, topic: str, sections: list[Section]) -> Reply | None:
+        """Spec section 6's per-queue maximum message size, count and total size.
+
+        A message larger than its topic allows is 413 Entity too large, as for the gateway-wide
+        limit.  A full queue is 414 Resource too large: Appendix A has no "queue full", and
+        of its codes 414 names the thing that is too large here, the topic's queue (413 is the
+        message itself); it is a 4yz code, a transient refusal the publisher may repeat
+        unchanged once subscribers have drained the queue (503 would say the server is down,
+        and 510 is a permanent 5yz code outside Appendix A).  The queue is what this gateway's
+        delivery book holds pending for the topic, so publishes accepted within the job's
+        routing delay (about one micro-batch) are not counted yet and may overshoot it.
+        """
+        params = self._queue_params(topic)
+        size = sum(len(section.data) for section in sections)
+        limit = params.max_message_bytes or self._config.max_message_bytes
+        if size > limit:
+            return Reply.error(ENTITY_TOO_LARGE, f"more than {limit} data bytes")
+        messages, queued_bytes = self._queued(topic)
+        if params.max_messages and messages >= params.max_messages:
+            return Reply.error(RESOURCE_TOO_LARGE, f"queue of {topic} full: {messages} messages waiting")
+        if params.max_queue_bytes and queued_bytes + size > params.max_queue_bytes:
+            return Reply.error(RESOURCE_TOO_LARGE, f"queue of {topic} full: {queued_bytes} of "
+                                                   f"{params.max_queue_bytes} bytes waiting")
+        return None
 
     def _expiry(self, headers: Headers, now: int) -> int | None:
         """The message's ``Timeout`` (already validated), else the server default, from ``now``."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -59,6 +60,7 @@ from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Rep
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
 from schemas.events import Ack, Deliver, Sync
+from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
 
@@ -408,6 +410,7 @@ class Gateway:
                                  overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
                                  lockout_s=config.gateway.login_lockout_s)
         self.access = AccessList(config.ual)
+        self.queue_params = functools.lru_cache(maxsize=4096)(TopicSettings(config.topics).resolve)
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
@@ -449,7 +452,8 @@ class Gateway:
                        over_capacity=self._over_capacity, access=self.access,
                        scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
                        new_nonce=lambda: secrets.token_urlsafe(18),
-                       new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash)
+                       new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
+                       queue_params=self.queue_params, queued=self.book.sizes.of)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""

@@ -834,3 +834,41 @@ def test_scram_sha_256_login_through_continuation_lines():
     assert not session.logged_in and outcomes == [True, False]
     assert wire(feed_three_ways(b"LOGIN nobody SCRAM-SHA-256/1.0\r\n", factory)) == \
         b"404 Not found (account not found)\r\n\r\n"
+
+
+def test_per_topic_message_size_and_queue_limits():
+    """Spec section 6's per-queue maximum message size (413), message count and total size (414),
+    from the configuration's [topics."/…"], inherited; the queue as the delivery book counts it."""
+    from schemas.config import load_config
+    from tests.gateway.test_feeding import make_config
+    from tests.gateway.test_session_errors import durables, pub
+
+    config = load_config(env={}, topics={"/stocks": {"max_messages": 2, "max_queue_bytes": 20},
+                                         "/stocks/quotes/ibm": {"max_message_bytes": 8},
+                                         "/news": {"max_message_bytes": 64}})
+    queued = {"/stocks/quotes/ibm": (1, 12), "/stocks/quotes/msft": (2, 10)}
+
+    def factory():
+        session = make_session(make_config(max_message_bytes=16), queue_params=config.queue,
+                               queued=lambda topic: queued.get(topic, (0, 0)))
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
+        return session
+
+    frames = [pub(b"", data=b"12345678"),                          # 8 bytes: its topic's limit, room left
+              pub(b"", data=b"123456789"),                         # 9 > 8: 413
+              pub(b"", data=b"x" * 9, topic=b"/stocks/quotes/sony"),  # inherits 16 from the gateway, but 0+9 ok
+              pub(b"", topic=b"/stocks/quotes/msft"),              # 2 messages waiting of 2: full
+              pub(b"", data=b"x" * 40, topic=b"/news"),            # /news allows 64, more than the gateway's 16
+              pub(b"", data=b"x" * 65, topic=b"/news")]            # 65 > 64
+    actions = feed_three_ways(b"".join(frames), factory)
+    assert wire(actions) == (b"200-OK\r\n200 A004 2001083408341156\r\n\r\n"
+                             b"413 Entity too large (more than 8 data bytes)\r\n\r\n"
+                             b"200-OK\r\n200 A004 2001083408341157\r\n\r\n"
+                             b"414 Resource too large (queue of /stocks/quotes/msft full: 2 messages waiting)\r\n\r\n"
+                             b"200-OK\r\n200 A004 2001083408341158\r\n\r\n"
+                             b"413 Entity too large (more than 64 data bytes)\r\n\r\n")
+    queued["/stocks/quotes/ibm"] = (1, 13)  # 13 + 8 > 20 bytes: full by size
+    assert wire(run(factory(), [pub(b"", data=b"12345678")])) == \
+        b"414 Resource too large (queue of /stocks/quotes/ibm full: 13 of 20 bytes waiting)\r\n\r\n"
+    silent = run(factory(), [pub(b"", data=b"12345678", headers=b"Guarantee: NO\r\n")])
+    assert silent == [] and not durables(silent)  # refused, and as every unguaranteed PUB: no reply
