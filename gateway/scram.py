@@ -78,8 +78,8 @@ class ScramError(ValueError):
 class ScramServer:
     """``first(client_first) -> server_first``, then ``final(client_final) -> server_final``.
 
-    For a password change, then ``offer_new_password(salt, iterations)`` instead of the bare
-    server-final, and ``new_credentials(client_answer)``.
+    For a password change, the client gets ``offer_new_password(server_final, salt, iterations)``
+    instead of the bare server-final, and its answer goes to ``new_credentials(answer)``.
     """
 
     def __init__(self, credentials: Credentials, nonce: str):
