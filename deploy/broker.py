@@ -51,9 +51,11 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
 class DevBroker:
     """A tansu broker process on ``127.0.0.1:port``; a context manager that stops it."""
 
-    def __init__(self, port: int | None = None, log_path: str | None = None):
+    def __init__(self, port: int | None = None, log_path: str | None = None, advertised_port: int | None = None):
         self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        # where clients are told to connect after bootstrapping: another port only behind a proxy
+        self.advertised_port = advertised_port or self.port
+        self.bootstrap = f"127.0.0.1:{self.advertised_port}"
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
@@ -61,7 +63,8 @@ class DevBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [str(tansu_binary()), "broker", "--listener-url", url,
+             "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

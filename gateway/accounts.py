@@ -17,7 +17,7 @@ import time
 from typing import Callable, Mapping
 
 from gateway.protocol import AuthResult
-from gateway.scram import Credentials
+from gateway.scram import Credentials, salted_password
 
 ALGORITHM = "pbkdf2_sha256"
 DEFAULT_ITERATIONS = 200_000
@@ -26,10 +26,19 @@ GUEST = "guest"
 
 def hash_password(password: str, *, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
     """``pbkdf2_sha256$<iterations>$<salt>$<hash>`` with a random 16-byte salt."""
-    salt = salt or os.urandom(16)
-    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    salt = salt or new_salt()
+    return stored_hash(Credentials(salt, iterations, salted_password(password, salt, iterations)))
+
+
+def new_salt() -> bytes:
+    return os.urandom(16)
+
+
+def stored_hash(credentials: Credentials) -> str:
+    """The stored form of PBKDF2 credentials, whether hashed here or, by SET LOGIN PASSWORD
+    SCRAM-SHA-256, by the client for a salt we gave it."""
     encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
-    return f"{ALGORITHM}${iterations}${encode(salt)}${encode(digest)}"
+    return f"{ALGORITHM}${credentials.iterations}${encode(credentials.salt)}${encode(credentials.salted_password)}"
 
 
 def verify_password(password: str, stored: str) -> bool:

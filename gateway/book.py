@@ -76,6 +76,40 @@ class NotifyQueue:
         return len(self._heap)
 
 
+class QueueSizes:
+    """Per topic, the distinct messages still pending for some account and their data bytes,
+    kept up to date in O(1) per change (PUBLISH checks a topic's queue limits against it)."""
+
+    def __init__(self) -> None:
+        self._holders: dict[int, int] = {}  # smuid -> accounts it is pending for
+        self._totals: dict[str, tuple[int, int]] = {}  # topic -> (messages, data bytes)
+
+    def added(self, deliver: Deliver) -> None:
+        holders = self._holders.get(deliver.smuid, 0)
+        self._holders[deliver.smuid] = holders + 1
+        if not holders:
+            self._change(deliver, +1)
+
+    def removed(self, deliver: Deliver) -> None:
+        holders = self._holders.pop(deliver.smuid, 0) - 1
+        if holders > 0:
+            self._holders[deliver.smuid] = holders
+        elif holders == 0:
+            self._change(deliver, -1)
+
+    def _change(self, deliver: Deliver, sign: int) -> None:
+        messages, size = self._totals.get(deliver.topic, (0, 0))
+        messages, size = messages + sign, size + sign * sum(len(s.data) for s in deliver.sections)
+        if messages:
+            self._totals[deliver.topic] = (messages, size)
+        else:
+            self._totals.pop(deliver.topic, None)
+
+    def of(self, topic: str) -> tuple[int, int]:
+        """(messages, data bytes) waiting in ``topic``'s queue."""
+        return self._totals.get(topic, (0, 0))
+
+
 class DeliveryBook:
     """Per account: deliveries routed by the job and not yet acknowledged by any login."""
 
@@ -83,6 +117,7 @@ class DeliveryBook:
         self._pending: dict[str, dict[int, Deliver]] = defaultdict(dict)
         self._acked_unconfirmed: set[tuple[str, int]] = set()
         self.commands_offsets: dict[str, int] = {}
+        self.sizes = QueueSizes()
 
     def apply(self, event) -> Deliver | None:
         """Apply one deliveries-topic event; returns a delivery that is new to this book."""
@@ -92,9 +127,10 @@ class DeliveryBook:
             if key in self._acked_unconfirmed or event.smuid in pending:
                 return None
             pending[event.smuid] = event
+            self.sizes.added(event)
             return event
         if isinstance(event, Acked):
-            self._pending[event.account].pop(event.smuid, None)
+            self._settled(self._pending[event.account].pop(event.smuid, None))
             self._acked_unconfirmed.discard((event.account, event.smuid))
         elif isinstance(event, Progress):
             self.commands_offsets.update(event.commands_offsets)
@@ -106,8 +142,14 @@ class DeliveryBook:
         Remembered until the job's ``Acked`` arrives; a delivery no longer pending
         was settled already (by another login, or confirmed by the job).
         """
-        if self._pending[account].pop(smuid, None) is not None:
+        settled = self._pending[account].pop(smuid, None)
+        if settled is not None:
+            self._settled(settled)
             self._acked_unconfirmed.add((account, smuid))
+
+    def _settled(self, deliver: Deliver | None) -> None:
+        if deliver is not None:
+            self.sizes.removed(deliver)
 
     def queue_for_login(self, account: str) -> NotifyQueue:
         """A new login's queue: everything the account has not acknowledged yet."""

@@ -8,11 +8,13 @@
     smqp get /stocks/quotes/ibm 1845-1890,1905    # stored messages, headers and data
     smqp count message /stocks/quotes/ibm
     smqp passwd                                   # prompts for the new password
+    smqp --user ann --auth scram-sha-256 passwd   # neither password crosses the wire
 
 ``smqp <subcommand> --help`` describes each.  Connection and login come from
-``--host/--port/--user/--password`` or the environment (``SMQP_HOST``,
-``SMQP_PORT``, ``SMQP_USER``, ``SMQP_PASSWORD``); the defaults reach the
-local gateway as ``guest``.  A 311 redirect at login is followed.
+``--host/--port/--user/--password/--auth`` or the environment (``SMQP_HOST``,
+``SMQP_PORT``, ``SMQP_USER``, ``SMQP_PASSWORD``, ``SMQP_AUTH``); the defaults
+reach the local gateway as ``guest`` with CLEAR.  A 311 redirect at login is
+followed.
 
 Exit codes: 0 done; 1 the server refused (4xx/5xx, the reply on stderr);
 2 bad usage, or the server could not be reached or the connection was lost;
@@ -30,6 +32,7 @@ import sys
 from gateway import client_protocol as cp
 from gateway.client import LOGIN_ATTRIBUTES, Message, Notification, SMQPClient, SMQPError
 
+AUTH_METHODS = ("CLEAR", "SCRAM-SHA-256")
 _COUNT_RESOURCES = {"topic": "topics", "topics": "topics", "message": "messages", "messages": "messages",
                     "sub": "subscribers", "subscriber": "subscribers", "subscribers": "subscribers"}
 
@@ -231,7 +234,7 @@ async def _set_login(client: SMQPClient, args: argparse.Namespace) -> int:
 
 
 async def _passwd(client: SMQPClient, args: argparse.Namespace) -> int:
-    await client.change_password(args.password or "", args.new_password)
+    await client.change_password(args.password or "", args.new_password, method=args.method or args.auth)
     print("password changed", file=sys.stderr)
     return 0
 
@@ -255,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=int(os.environ.get("SMQP_PORT", "7720")), help="(SMQP_PORT)")
     parser.add_argument("--user", default=os.environ.get("SMQP_USER", "guest"), help="account (SMQP_USER)")
     parser.add_argument("--password", default=os.environ.get("SMQP_PASSWORD"), help="(SMQP_PASSWORD; default empty)")
+    parser.add_argument("--auth", type=str.upper, choices=AUTH_METHODS, default=os.environ.get("SMQP_AUTH", "CLEAR"),
+                        help="login method (SMQP_AUTH): CLEAR sends the password, SCRAM-SHA-256 never does")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler, help: str) -> argparse.ArgumentParser:
@@ -342,7 +347,10 @@ def _parser() -> argparse.ArgumentParser:
     set_login.add_argument("attribute", type=str.upper, choices=LOGIN_ATTRIBUTES)
     set_login.add_argument("value", nargs="+", help="the new value (several words are joined by spaces)")
 
-    command("passwd", _passwd, "change this account's password (SET LOGIN PASSWORD); prompts for it")
+    passwd = command("passwd", _passwd, "change this account's password (SET LOGIN PASSWORD); prompts for it")
+    passwd.add_argument("--method", type=str.upper, choices=AUTH_METHODS,
+                        help="CLEAR sends both passwords; SCRAM-SHA-256 proves the old one and sends the new one "
+                             "only as a masked salted hash (default: the --auth method)")
 
     command("login", _login, "log in and print the server's greeting and login attributes")
     return parser
@@ -359,7 +367,7 @@ def _prompt_passwords(args: argparse.Namespace) -> None:
 
 
 async def _run(args: argparse.Namespace, session: _Session) -> int:
-    client = await SMQPClient.open(args.host, args.port, args.user, args.password or "")
+    client = await SMQPClient.open(args.host, args.port, args.user, args.password or "", method=args.auth)
     session.connected = True
     async with client:
         code = await args.handler(client, args)

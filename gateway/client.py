@@ -278,11 +278,46 @@ def _unsub_entry(line: str, default: str) -> tuple[str, str]:
     return default, line.strip()
 
 
+class _Exchange:
+    """A multi-step exchange (``+`` continuation lines) that holds the connection.  A refusal
+    (4xx/5xx) ends it; anything else that stops it half way (cancelled, a protocol or SCRAM
+    error) drops the connection, since the server would read what we send next as a step."""
+
+    def __init__(self, channel: _Channel, name: str):
+        self.channel = channel
+        self.name = name
+        self.open = False  # the server is reading our lines as steps
+
+    async def __aenter__(self) -> _Exchange:
+        await self.channel.lock.acquire()
+        return self
+
+    async def __aexit__(self, kind, error, traceback) -> None:
+        try:
+            if kind is not None and self.open:
+                self.channel.writer.transport.abort()
+        finally:
+            self.channel.lock.release()
+
+    async def step(self, data: bytes, expect: type, *, last: bool = False):
+        waiter = self.channel.submit(data)
+        self.open = not last
+        await self.channel.writer.drain()
+        reply = await waiter
+        if isinstance(reply, cp.ReplyFrame) and reply.code >= 400:
+            self.open = False  # a refusal ends the exchange
+            raise SMQPError(reply.code, reply.lines)
+        if not isinstance(reply, expect):
+            raise cp.ServerProtocolError(f"{self.name}: unexpected {reply!r}")
+        return reply
+
+
 class SMQPClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._notifications: asyncio.Queue = asyncio.Queue()
         self.greeting: str = ""
         self.login_attributes: dict[str, str] = {}  # Topic, Timeout, Time, Guid of the last login
+        self.account: str | None = None  # logged in as
         self._greeted = asyncio.get_running_loop().create_future()
         self._cmuids = itertools.count(1)
         self._listener: asyncio.Server | None = None
@@ -308,12 +343,13 @@ class SMQPClient:
     @classmethod
     async def open(cls, host: str, port: int, account: str = "guest", password: str = "", *,
                    timeout: float = 10.0, max_redirects: int = 5,
-                   ssl: ssl_module.SSLContext | None = None) -> SMQPClient:
-        """Connect and log in, following up to ``max_redirects`` 311 redirects (4.1.1)."""
+                   ssl: ssl_module.SSLContext | None = None, method: str = "CLEAR") -> SMQPClient:
+        """Connect and log in (``method`` as for :meth:`login`), following up to
+        ``max_redirects`` 311 redirects (4.1.1)."""
         for _ in range(max_redirects + 1):
             client = await cls.connect(host, port, timeout, ssl=ssl)
             try:
-                await asyncio.wait_for(client.login(account, password), timeout)
+                await asyncio.wait_for(client.login(account, password, method=method), timeout)
                 return client
             except SMQPRedirect as redirect:
                 host, port = redirect.host, redirect.port
@@ -392,6 +428,7 @@ class SMQPClient:
             raise SMQPRedirect(reply.code, reply.lines)
         reply = await self.command(*(["PASS", account, password] if password else ["PASS", account]))
         self.login_attributes = dict(line.split(": ", 1) for line in reply.lines if ": " in line)
+        self.account = account
         return self.login_attributes
 
     async def _scram_login(self, account: str, password: str) -> dict[str, str]:
@@ -422,7 +459,7 @@ class SMQPClient:
         if not client.verify(base64.b64decode(attributes.get("Verifier", "")).decode()):
             await self.close()
             raise scram.ScramError("the server did not prove it knows the password")
-        self.login_attributes = attributes
+        self.login_attributes, self.account = attributes, account
         return attributes
 
     async def noop(self) -> None:
@@ -510,43 +547,45 @@ class SMQPClient:
             raise ValueError(f"SET LOGIN {attribute} needs a value")
         await self.command("SET", "LOGIN", attribute, value.strip())
 
-    async def change_password(self, old: str, new: str) -> None:
-        """SET LOGIN PASSWORD CLEAR/1.0 (4.1.6.2.1): ``+ old password`` → old, ``+ new password`` → new.
+    async def change_password(self, old: str, new: str, *, method: str = "CLEAR") -> None:
+        """SET LOGIN PASSWORD (4.1.6.2.1).  CLEAR/1.0: ``+ old password`` → old, ``+ new password``
+        → new.  ``method="SCRAM-SHA-256"``: a SCRAM exchange proves the old password, then the new
+        one travels only as its SaltedPassword for a salt the server gives, masked with a key of
+        that exchange (:mod:`gateway.scram`): neither password crosses the wire.
 
         Nothing else is sent on the connection meanwhile.  Should this be
         cancelled half way, the connection is dropped: the server would
-        otherwise read the next command as a password.
+        otherwise read the next command as a step of the exchange.
         """
+        if method.upper() == scram.METHOD:
+            return await self._scram_change_password(old, new)
+        if method.upper() != "CLEAR":
+            raise ValueError(f"SET LOGIN PASSWORD: method CLEAR or {scram.METHOD}, not {method!r}")
         if not new or any(c.isspace() for c in new):
             raise ValueError("the new password must be one word (LOGIN sends it with PASS)")
-        lines = [cp.render_line(text) for text in ("SET LOGIN PASSWORD CLEAR/1.0", old, new)]
-        channel = self._main
-        async with channel.lock:
-            exchange_open = False  # the server is reading our lines as passwords
+        lines = [cp.render_line(text) for text in ("SET LOGIN PASSWORD CLEAR/1.0", old, new)]  # checked first
+        async with _Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
+            prompt = await exchange.step(lines[0], cp.ReplyFrame)
+            if not prompt.lines[-1].startswith("+"):
+                raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
+            await exchange.step(lines[1], cp.Continuation)
+            await exchange.step(lines[2], cp.ReplyFrame, last=True)
 
-            async def step(data: bytes, expect: type, last: bool = False):
-                nonlocal exchange_open
-                waiter = channel.submit(data)
-                exchange_open = not last
-                await channel.writer.drain()
-                reply = await waiter
-                if isinstance(reply, cp.ReplyFrame) and reply.code >= 400:
-                    exchange_open = False  # a refusal ends the exchange
-                    raise SMQPError(reply.code, reply.lines)
-                if not isinstance(reply, expect):
-                    raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: unexpected {reply!r}")
-                return reply
-
-            try:
-                prompt = await step(lines[0], cp.ReplyFrame)
-                if not prompt.lines[-1].startswith("+"):
-                    raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
-                await step(lines[1], cp.Continuation)
-                await step(lines[2], cp.ReplyFrame, last=True)
-            except BaseException:
-                if exchange_open:
-                    channel.writer.transport.abort()
-                raise
+    async def _scram_change_password(self, old: str, new: str) -> None:
+        if not new:
+            raise ValueError("the new password must not be empty")
+        client = scram.ScramClient(self.account or "", old, secrets.token_urlsafe(18))
+        encode = lambda text: cp.render_line(base64.b64encode(text.encode()).decode())  # noqa: E731
+        decode = lambda frame: base64.b64decode(frame.text).decode()  # noqa: E731
+        async with _Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
+            prompt = await exchange.step(cp.render_line(f"SET LOGIN PASSWORD {scram.METHOD}/1.0"), cp.ReplyFrame)
+            if prompt.lines[-1].strip() != "+":
+                raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
+            server_first = await exchange.step(encode(client.first()), cp.Continuation)
+            final = await asyncio.to_thread(client.final, decode(server_first))
+            offer = await exchange.step(encode(final), cp.Continuation)
+            answer = await asyncio.to_thread(client.new_password, decode(offer), new)
+            await exchange.step(encode(answer), cp.ReplyFrame, last=True)
 
     # -- SET NOTIFY
 

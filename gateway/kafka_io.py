@@ -4,6 +4,12 @@ kafka-python is thread-based; these classes bridge it into asyncio.  Both
 use manual partition assignment (the dev broker never completes consumer
 group joins) and take a partition's end from the fetch high watermark, not
 ListOffsets, which under-reports on the dev broker.
+
+When Kafka is unreachable for a while, appends fail after
+``delivery_timeout_ms`` (the client gets 503) and the tails keep polling;
+kafka-python reconnects by itself once Kafka is back (within
+:data:`RECONNECT_BACKOFF_MAX_MS`), so the same gateway goes on without a restart
+(``tests/e2e/test_broker_outage.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ from schemas.events import Ack, decode
 
 log = logging.getLogger(__name__)
 
+#: kafka-python backs off reconnecting to an unreachable broker exponentially up to 30 s by default,
+#: so after an outage of a minute PUBs kept getting 503 for up to half a minute more.  A gateway
+#: has a handful of connections; retrying each every second at most costs nothing.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
 
 class DurableLog:
     """Appends events to the commands topic; an append completes once Kafka acked it (acks=all).
@@ -37,9 +48,11 @@ class DurableLog:
 
     def _producer(self, config: KafkaConfig, linger_ms: int, client_id: str) -> KafkaProducer:
         producer = KafkaProducer(
-            bootstrap_servers=config.bootstrap, acks="all", linger_ms=linger_ms,
-            max_block_ms=5000, request_timeout_ms=5000, delivery_timeout_ms=config.delivery_timeout_ms,
-            retries=5,
+            bootstrap_servers=config.bootstrap, acks="all", linger_ms=linger_ms, max_block_ms=5000,
+            # one request may take at most what is left of the delivery timeout after lingering
+            request_timeout_ms=min(5000, config.delivery_timeout_ms - linger_ms),
+            delivery_timeout_ms=config.delivery_timeout_ms,
+            retries=5, reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             max_in_flight_requests_per_connection=1, client_id=client_id,
         )
         producer.partitions_for(self._topic)  # fetch metadata now, not on the first append
@@ -91,6 +104,7 @@ def _new_consumer(config: KafkaConfig) -> KafkaConsumer:
     return KafkaConsumer(
         bootstrap_servers=config.bootstrap, group_id=None, enable_auto_commit=False,
         client_id="smqp-gateway-tail", fetch_max_wait_ms=20, max_poll_records=5000,
+        reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
     )
 
 

@@ -22,7 +22,11 @@ dashboard aggregates the gateways' pages with it).
 * ``smqp_gateway_notify_in_flight`` — NOTIFY MESSAGEs awaiting their two-phase
   ACK; ``smqp_gateway_notify_queued`` — deliveries waiting behind them;
 * ``smqp_gateway_ack_latency_seconds`` — NOTIFY MESSAGE written → the client's
-  ``310 ACK`` made durable in Kafka → server ``310 ACK`` (both phases).
+  ``310 ACK`` made durable in Kafka → server ``310 ACK`` (both phases);
+* ``smqp_gateway_buffered_bytes`` / ``smqp_gateway_buffered_bytes_peak`` — bytes held for
+  clients that have not read them (now, and the most one connection held);
+  ``smqp_gateway_slow_clients_closed_total{reason}`` — clients closed for not reading
+  (``stalled``, ``overflow``).
 
 Command verbs are counted through the session's ``on_command`` hook, so the
 protocol module itself stays free of metrics.
@@ -284,6 +288,11 @@ class GatewayMetrics:
         self.ack_latency = Histogram("smqp_gateway_ack_latency_seconds",
                                      "NOTIFY MESSAGE written to the server's 310 ACK (client ACK made durable).",
                                      ACK_LATENCY_BUCKETS)
+        self.slow_clients_closed = Counter(
+            "smqp_gateway_slow_clients_closed_total",
+            "Clients closed for not reading what they were sent: stalled (over half of max_buffered_bytes "
+            "for stalled_client_timeout_s) or overflow (a notification would pass max_buffered_bytes).", ("reason",))
+        self.buffered_peak = 0  # the most bytes one connection has held unread, since start
         self._gateway = gateway
 
     # -- hot path
@@ -312,6 +321,11 @@ class GatewayMetrics:
         elif data:
             self.frames_out.inc("OTHER")
 
+    def buffered(self, unread: int) -> None:
+        """A connection now holds ``unread`` bytes for its client."""
+        if unread > self.buffered_peak:
+            self.buffered_peak = unread
+
     # -- scrape
 
     def families(self) -> list[_Family]:
@@ -337,6 +351,11 @@ class GatewayMetrics:
             Gauge("smqp_gateway_notify_queued", "Deliveries queued for logged-in sessions behind the one in flight.",
                   lambda: sum(len(c.queue) for c in connections())),
             self.ack_latency,
+            Gauge("smqp_gateway_buffered_bytes", "Bytes held for clients that have not read them yet, all connections.",
+                  lambda: sum(c.buffered for c in connections())),
+            Gauge("smqp_gateway_buffered_bytes_peak", "The most bytes one connection has held unread, since start.",
+                  lambda: self.buffered_peak),
+            self.slow_clients_closed,
         ]
 
     def render(self) -> str:

@@ -94,6 +94,7 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
+from schemas.queue_params import QueueParameters
 from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
 from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
                             trash_topic)
@@ -793,7 +794,10 @@ class Session:
                  scram_credentials: Callable[[str], Credentials | AuthResult] = lambda user: AuthResult.UNKNOWN_ACCOUNT,
                  login_outcome: Callable[[str, bool], None] = lambda user, ok: None,
                  new_nonce: Callable[[], str] = lambda: "nonce",
-                 queue: Callable[[str], QueueParameters] = lambda topic: QueueParameters()):
+                 new_salt: Callable[[], tuple[bytes, int]] = lambda: (b"salt", 4096),
+                 store_credentials: Callable[[Credentials], str] = repr,
+                 queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
+                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0)):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -808,7 +812,10 @@ class Session:
         self._scram_credentials = scram_credentials  # SCRAM-SHA-256: the account's stored keys
         self._login_outcome = login_outcome  # SCRAM results, for the throttling of failed logins
         self._new_nonce = new_nonce
-        self._queue = queue  # the administrator's per-topic queue parameters (spec section 6)
+        self._new_salt = new_salt  # SET LOGIN PASSWORD SCRAM-SHA-256: (salt, iterations) for the new one
+        self._store_credentials = store_credentials  # ... and the stored form of what the client derived
+        self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
+        self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
         self._buffer = LineBuffer(config.max_line_bytes)
         self._phase = _Phase.NEW
         self._login_user: str | None = None
@@ -1381,16 +1388,19 @@ class Session:
     def _delivery_mode(self, topic: str, headers: Headers) -> str:
         """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``), which a
         message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
-        mode = self._registry.delivery(topic) or self._queue(topic).delivery
+        mode = self._registry.delivery(topic) or self._queue_params(topic).delivery
         if mode is None:
             mode = next((v for n, v in headers if n.lower() == "delivery"), "all")
         return mode.lower()
 
     def _set_password(self, args: list[str]) -> list[Action]:
-        """CLEAR negotiation: ``200 + old password``, the old one, ``+ new password``, the new one."""
+        """CLEAR: ``200 + old password``, the old one, ``+ new password``, the new one; or SCRAM-SHA-256."""
         if len(args) != 1 or "/" not in args[0]:
             return self._usage("SET LOGIN PASSWORD <method>/<version>")
-        if args[0].split("/", 1)[0].upper() != "CLEAR":
+        method = args[0].split("/", 1)[0].upper()
+        if method == SCRAM_METHOD:
+            return self._scram_set_password()
+        if method != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
 
         def new_password(old: str, line: bytes) -> list[Action]:
@@ -1407,6 +1417,48 @@ class Session:
 
         self._continuation = old_password
         return self._reply(Reply.ok("+ old password"))
+
+    def _scram_set_password(self) -> list[Action]:
+        """SCRAM-SHA-256, neither password on the wire: ``200 +`` / client-first /
+        ``+ server-first`` / client-final (proves the old password; a failure is a failed login) /
+        ``+ server-final,s=<new salt>,i=<iterations>`` / ``h=<masked SaltedPassword>,p=<MAC>``
+        (see :mod:`gateway.scram`) / ``200 OK`` once the new hash is folded.  Each message base64."""
+        account = self._account
+        credentials = self._scram_credentials(account)
+        if credentials is AuthResult.UNKNOWN_ACCOUNT:
+            return self._reply(Reply.error(NOT_ALLOWED, f"{account} has no SCRAM credentials; use CLEAR/1.0"))
+        if credentials is AuthResult.THROTTLED:
+            return self._reply(Reply.error(UNAUTHORIZED, "too many failed logins; try again later"))
+        server = ScramServer(credentials, self._new_nonce())
+
+        def new_credentials(line: bytes) -> list[Action]:
+            try:
+                stored = self._store_credentials(server.new_credentials(_unbase64(line)))
+            except ScramError as error:
+                return self._bad(Reply.error(BAD_REQUEST, f"new password: {error}"))
+            return self._control(SetLogin(self._new_request(), account, "password", stored, self._now()))
+
+        def client_final(line: bytes) -> list[Action]:
+            try:
+                server_final = server.final(_unbase64(line))
+            except ScramError as error:
+                self._login_outcome(account, False)
+                return self._reply(Reply.error(UNAUTHORIZED, f"old password not proved: {error}"))
+            self._login_outcome(account, True)
+            self._continuation = new_credentials
+            offer = server.offer_new_password(server_final, *self._new_salt())
+            return [Send(f"+ {_base64(offer)}\r\n\r\n".encode())]
+
+        def client_first(line: bytes) -> list[Action]:
+            try:
+                server_first = server.first(_unbase64(line))
+            except ScramError as error:
+                return self._bad(Reply.error(BAD_REQUEST, str(error)))
+            self._continuation = client_final
+            return [Send(f"+ {_base64(server_first)}\r\n\r\n".encode())]
+
+        self._continuation = client_first
+        return self._reply(Reply.ok("+"))
 
     def _set_notify_port(self, args: list[str]) -> list[Action]:
         if not 1 <= len(args) <= 2 or not (args[0].isascii() and args[0].isdigit()) \
@@ -1445,7 +1497,8 @@ class Session:
             return self._usage("PUBLISH MESSAGE|REPLY <topic> <cmuid>")
         error, topic = self._publish_target(args[1:])
         framer = MessageFramer(max_header_lines=self._config.max_header_lines,
-                               max_message_bytes=self._config.max_message_bytes, keep_data=error is None)
+                               max_message_bytes=self._message_limit(topic) if error is None
+                               else self._config.max_message_bytes, keep_data=error is None)
         self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error, resource == "REPLY")
         return []
 
@@ -1497,6 +1550,9 @@ class Session:
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
+        refused = self._queue_limits(topic, publish.framer.sections)
+        if refused is not None:
+            return self._reply(refused) if guaranteed(headers) else []
         now = self._now()
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
@@ -1508,10 +1564,39 @@ class Session:
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
 
+    def _message_limit(self, topic: str) -> int:
+        """Data bytes one message to ``topic`` may carry: its ``max_message_bytes``, else the gateway's."""
+        return self._queue_params(topic).max_message_bytes or self._config.max_message_bytes
+
+    def _queue_limits(self, topic: str, sections: list[Section]) -> Reply | None:
+        """Spec section 6's per-queue maximum message size, count and total size.
+
+        A message larger than its topic allows is 413 Entity too large, as for the gateway-wide
+        limit.  A full queue is 414 Resource too large: Appendix A has no "queue full", and
+        of its codes 414 names the thing that is too large here, the topic's queue (413 is the
+        message itself); it is a 4yz code, a transient refusal the publisher may repeat
+        unchanged once subscribers have drained the queue (503 would say the server is down,
+        and 510 is a permanent 5yz code outside Appendix A).  The queue is what this gateway's
+        delivery book holds pending for the topic, so publishes accepted within the job's
+        routing delay (about one micro-batch) are not counted yet and may overshoot it.
+        """
+        params = self._queue_params(topic)
+        size = sum(len(section.data) for section in sections)
+        limit = params.max_message_bytes or self._config.max_message_bytes
+        if size > limit:
+            return Reply.error(ENTITY_TOO_LARGE, f"more than {limit} data bytes")
+        messages, queued_bytes = self._queued(topic)
+        if params.max_messages and messages >= params.max_messages:
+            return Reply.error(RESOURCE_TOO_LARGE, f"queue of {topic} full: {messages} messages waiting")
+        if params.max_queue_bytes and queued_bytes + size > params.max_queue_bytes:
+            return Reply.error(RESOURCE_TOO_LARGE, f"queue of {topic} full: {queued_bytes} of "
+                                                   f"{params.max_queue_bytes} bytes waiting")
+        return None
+
     def _expiry(self, topic: str, headers: Headers, now: int) -> int | None:
         """The message's ``Timeout`` (already validated), else the topic's default, else the
         server's, from ``now``."""
-        default = self._queue(topic).timeout or self._registry.server_timeout
+        default = self._queue_params(topic).timeout or self._registry.server_timeout
         text = next((v for n, v in headers if n.lower() == "timeout"), default)
         timeout = parse_timeout(text)
         return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -33,7 +34,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from gateway.accounts import Accounts, hash_password
+from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
@@ -92,15 +93,18 @@ class Connection:
         self.acking = False  # the client's 310 ACK is being made durable
         self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
+        self.queued_bytes = 0  # bytes in the outbox, not yet handed to the transport
+        self.drained = asyncio.Event()  # set whenever the buffer is at or below the pause mark
+        self._stall: asyncio.TimerHandle | None = None  # closes the client if it stays over the mark
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         try:
             if len(self.gateway.connections) > self.gateway.config.gateway.max_connections:
-                self.outbox.put_nowait(self.session.greeting(available=False))  # and close
+                self.send(self.session.greeting(available=False))  # and close
                 self.closing = True
                 return
-            self.outbox.put_nowait(self.session.greeting())
+            self.send(self.session.greeting())
             await self._read_loop()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -108,6 +112,8 @@ class Connection:
             self.closing = True
             self._disarm()
             self.outbox.put_nowait(None)
+            if self._stall:
+                self._stall.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer_task, 10)
             if self.blocker:
@@ -125,6 +131,11 @@ class Connection:
             while self.unsettled + len(self.actions) >= MAX_PIPELINED:  # back-pressure on this client
                 self.settled.clear()
                 await self.settled.wait()
+            while self.buffered > self.gateway.pause_at and not self.closing:  # it does not read its replies
+                self.drained.clear()
+                await self.drained.wait()
+            if self.closing:
+                return
             try:
                 data = await asyncio.wait_for(self.reader.read(READ_SIZE),
                                               timeout if self.session.in_frame else None)
@@ -146,7 +157,7 @@ class Connection:
         while self.actions and self.blocker is None:
             action = self.actions.popleft()
             if isinstance(action, Send):
-                self.outbox.put_nowait(action.data)
+                self.send(action.data)
             elif isinstance(action, Durable) and not action.reply:
                 self.gateway.fire_and_forget(action)
             elif isinstance(action, Durable):
@@ -275,17 +286,70 @@ class Connection:
             if isinstance(item, _PendingReply):
                 data = await self._settle(item)
                 frame_out(data)
-                self.writer.write(data)
+                self._write(data)
                 if item.ack and not self._ack_settled(item.ack):
                     break
             elif callable(item):
                 item()
             else:
+                self.queued_bytes -= len(item)
                 frame_out(item)
-                self.writer.write(item)
+                self._write(item)
             if self.outbox.empty():
                 await self._drain()
+            self._watch_buffer()
         await self._drain()
+
+    def _write(self, data: bytes) -> None:
+        if not self.writer.transport.is_closing():  # a client closed for stalling gets nothing more
+            self.writer.write(data)
+            self.gateway.metrics.buffered(self.buffered)
+
+    # -- bounding what a client that does not read makes us buffer
+
+    @property
+    def buffered(self) -> int:
+        """Bytes waiting for this client: in the outbox and in the transport's write buffer."""
+        return self.queued_bytes + self.writer.transport.get_write_buffer_size()
+
+    def send(self, data: bytes) -> None:
+        """Queue a reply or greeting: bounded by back-pressure (no command is read while the
+        client is over the pause mark), so it is always taken."""
+        self.queued_bytes += len(data)
+        self.outbox.put_nowait(data)
+        self.gateway.metrics.buffered(self.buffered)
+        self._watch_buffer()
+
+    def _watch_buffer(self) -> None:
+        """Over the pause mark: start the stall timer (reading pauses in the read loop);
+        back at or under it: stop the timer and let the read loop go on."""
+        if self.buffered > self.gateway.pause_at:
+            if self._stall is None and not self.closing:
+                self._stall = asyncio.get_running_loop().call_later(
+                    self.gateway.config.gateway.stalled_client_timeout_s, self._stalled)
+            return
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        self.drained.set()
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self.buffered > self.gateway.pause_at:
+            self.drop("stalled", f"has not read its last {self.buffered} bytes for "
+                                 f"{self.gateway.config.gateway.stalled_client_timeout_s} s")
+
+    def drop(self, reason: str, detail: str) -> None:
+        """Close a client that does not read what it is sent: log it, count it, discard its buffer.
+        What it left unacknowledged stays pending for its account, as after any disconnect."""
+        if self.closing and self.writer.transport.is_closing():
+            return
+        log.warning("closing %s (%s): it %s", self.writer.get_extra_info("peername"), self.session.account, detail)
+        self.gateway.metrics.slow_clients_closed.inc(reason)
+        self.closing = True
+        self.outbox.put_nowait(None)
+        self.drained.set()
+        self.writer.transport.abort()
 
     def _ack_settled(self, ack: Ack) -> bool:
         """After the reply to a client's 310 ACK: False if it was not durable (end this login)."""
@@ -303,11 +367,16 @@ class Connection:
     # -- notifications
 
     def notify(self, frame: bytes) -> None:
-        """An informational NOTIFY (TOPIC / SUBSCRIBERS / SERVER): on the notification port if set."""
+        """An informational NOTIFY (TOPIC / SUBSCRIBERS / SERVER): on the notification port if set.
+        One that would take a client already holding unread bytes past ``max_buffered_bytes``
+        closes it instead: unsolicited frames are not throttled by reading less."""
         if self.channel:
             self.channel.write(frame)
         elif not self.closing:
-            self.outbox.put_nowait(frame)
+            if self.buffered and self.buffered + len(frame) > self.gateway.config.gateway.max_buffered_bytes:
+                self.drop("overflow", f"would pass max_buffered_bytes with {self.buffered} bytes unread")
+                return
+            self.send(frame)
 
     def send_next(self) -> None:
         """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK and its topic is not suspended."""
@@ -330,7 +399,7 @@ class Connection:
     def _arm(self, deliver: Deliver) -> None:
         """Start ``deliver``'s retry timeout (the topic's ``retry_timeout_s``)."""
         self._disarm()
-        delay = self.gateway.queue(deliver.topic).retry_timeout_s
+        delay = self.gateway.queue_params(deliver.topic).retry_timeout_s
         self.retry = asyncio.get_running_loop().call_later(delay, self._retry_due, deliver)
 
     def _disarm(self) -> None:
@@ -345,7 +414,7 @@ class Connection:
         self.retry = None
         if self.closing or self.in_flight is not deliver or self.acking:
             return
-        max_retries = self.gateway.queue(deliver.topic).max_retries
+        max_retries = self.gateway.queue_params(deliver.topic).max_retries
         self.retries += 1
         self.gateway.nack(self.session.account, self.session.guid, deliver, max_retries)
         if self.retries <= max_retries:
@@ -390,8 +459,18 @@ class NotifyChannel:
         self.task = asyncio.create_task(self._read_acks())
 
     def write(self, data: bytes) -> None:
-        self.connection.gateway.metrics.frame_out(data)
-        self.writer.write(data)
+        gateway = self.connection.gateway
+        unread = self.writer.transport.get_write_buffer_size()
+        if unread and unread + len(data) > gateway.config.gateway.max_buffered_bytes:
+            log.warning("closing the notification port of %s: %d bytes unread", self.connection.session.account,
+                        unread)
+            gateway.metrics.slow_clients_closed.inc("overflow")
+            self.writer.transport.abort()  # the read task ends and gives the NOTIFY in flight back
+            return
+        if not self.writer.transport.is_closing():
+            gateway.metrics.frame_out(data)
+            self.writer.write(data)
+            gateway.metrics.buffered(unread + len(data))
 
     def close(self) -> None:
         self.task.cancel()
@@ -453,7 +532,7 @@ class Gateway:
                                  overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
                                  lockout_s=config.gateway.login_lockout_s)
         self.access = AccessList(config.ual)
-        self.queue = TopicSettings(config.topics).resolve  # per-topic queue parameters
+        self.queue_params = functools.lru_cache(maxsize=4096)(TopicSettings(config.topics).resolve)
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
@@ -466,6 +545,8 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        # a client over this many unread bytes is not read from, and closed if it stays over it
+        self.pause_at = config.gateway.max_buffered_bytes // 2
         self.unguaranteed_outstanding = 0
         self.unguaranteed_dropped = 0
 
@@ -494,7 +575,9 @@ class Gateway:
                        hash_password=hash_password, on_command=self.metrics.frame_in,
                        over_capacity=self._over_capacity, access=self.access,
                        scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
-                       new_nonce=lambda: secrets.token_urlsafe(18), queue=self.queue)
+                       new_nonce=lambda: secrets.token_urlsafe(18),
+                       new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
+                       queue_params=self.queue_params, queued=self.book.sizes.of)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
@@ -642,7 +725,7 @@ class Gateway:
             if not self.sessions[account]:
                 for deliver in self.book.locked_to(account):
                     self.nack(account, connection.session.guid, deliver,
-                              self.queue(deliver.topic).max_retries, reason="disconnect")
+                              self.queue_params(deliver.topic).max_retries, reason="disconnect")
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""
@@ -653,7 +736,7 @@ class Gateway:
             self.status.close()
         for connection in list(self.connections):
             if not connection.closing:
-                connection.outbox.put_nowait(connection.session.server_bye())
+                connection.send(connection.session.server_bye())
                 connection.closing = True
                 connection.outbox.put_nowait(None)
                 connection.reader.feed_eof()

@@ -53,6 +53,10 @@ class GatewayConfig:
     tls_cert: str = ""  # PEM certificate chain for SMQPS
     tls_key: str = ""  # PEM private key for SMQPS
     status_port: int = 0  # HTTP /metrics (Prometheus) on this port of ``host``; 0 = off
+    # bytes a connection may hold unread by its client (outbox + transport); past half of it its commands
+    # are not read, a notification that would pass it closes it
+    max_buffered_bytes: int = 4 << 20
+    stalled_client_timeout_s: float = 30.0  # a client past half of max_buffered_bytes this long is closed
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,41 @@ def test_scram_login_never_sends_the_password_and_failures_are_throttled(broker,
                 with pytest.raises(SMQPError, match="too many failed logins"):
                     await client.login("ann", "s3cret", method="SCRAM-SHA-256")
         asyncio.run(scenario())
+
+
+def test_a_full_topic_queue_refuses_publishes_until_subscribers_drain_it(broker, spark, tmp_path):
+    """Per-topic limits from [topics."/…"]: 413 beyond the topic's message size; 414 while its
+    queue holds max_messages undelivered messages, 200 again once one is acknowledged."""
+    from gateway.client import SMQPError
+    from gateway.replies import ENTITY_TOO_LARGE, RESOURCE_TOO_LARGE
+    from tests.e2e.stack import Router
+
+    config = replace(stack_config(broker, tmp_path), topics={"/q": {"max_messages": 2, "max_message_bytes": 100}})
+    with Router(spark, config), GatewayThread(config) as gateway:
+        async def queued() -> tuple[int, int]:
+            return gateway.gateway.book.sizes.of("/q/work")
+
+        async def scenario():
+            async with await SMQPClient.open(*gateway.address) as sub, \
+                    await SMQPClient.open(*gateway.address) as pub:
+                await pub.create_topic("/q/work")
+                await sub.subscribe("/q/work")
+                with pytest.raises(SMQPError) as too_large:
+                    await pub.publish("/q/work", b"x" * 101)
+                assert too_large.value.code == ENTITY_TOO_LARGE
+                await pub.publish("/q/work", "one")
+                await pub.publish("/q/work", "two")
+                first = await sub.next_notification(120)  # routed; not acknowledged yet
+                for _ in range(240):  # until the gateway has heard of the second delivery too
+                    if await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(queued(), gateway.loop)) == (2, 6):
+                        break
+                    await asyncio.sleep(0.25)
+                with pytest.raises(SMQPError) as full:
+                    await pub.publish("/q/work", "three")
+                assert full.value.code == RESOURCE_TOO_LARGE and "2 messages waiting" in str(full.value)
+                await first.ack()  # one drained: room for one more
+                await pub.publish("/q/work", "three")
+                second = await sub.next_notification(120)
+                await second.ack()
+                assert second.data == b"two"
+        asyncio.run(scenario())

@@ -29,7 +29,7 @@ def published(actions) -> list[Publish]:
 def factory(topics=None):
     def make():
         session = make_session(registry=make_registry(["/jobs", "/news"]),
-                               queue=TopicSettings(topics or {}).resolve)
+                               queue_params=TopicSettings(topics or {}).resolve)
         run(session, [LOGIN])
         return session
     return make

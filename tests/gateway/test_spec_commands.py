@@ -377,6 +377,113 @@ def test_set_login_password_with_a_wrong_old_password_is_401():
     assert not [a for a in actions if isinstance(a, Control)]
 
 
+def scram_session(outcomes: list, credentials=None, password: str = "rowe7kuy"):
+    """A factory of jtegen sessions whose account has SCRAM credentials for ``password``."""
+    import hashlib
+
+    from gateway.protocol import AuthResult
+    from gateway.scram import Credentials
+
+    salt = b"0123456789abcdef"
+    credentials = credentials or Credentials(salt, 4096, hashlib.pbkdf2_hmac("sha256", password.encode(), salt, 4096))
+
+    def factory():
+        from gateway.accounts import stored_hash
+        session = make_session(scram_credentials=lambda user: credentials if user == "jtegen"
+                               else AuthResult.UNKNOWN_ACCOUNT, new_nonce=lambda: "SERVER",
+                               login_outcome=lambda user, ok: outcomes.append(ok),
+                               new_salt=lambda: (b"fresh-salt-bytes", 4096), store_credentials=stored_hash)
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
+        return session
+    return factory
+
+
+def b64_line(text: str) -> bytes:
+    import base64
+    return base64.b64encode(text.encode()) + b"\r\n"
+
+
+def scram_proof(old: str):
+    """The first SCRAM steps against jtegen's stored hash, with fixed nonces (so every server
+    message is known in advance): (client, server, client-first, server-first, client-final)."""
+    from gateway.accounts import Accounts, hash_password
+    from gateway.scram import ScramClient, ScramServer
+    stored = Accounts({"jtegen": hash_password("rowe7kuy", iterations=4096, salt=b"0123456789abcdef")})
+    server = ScramServer(stored.scram_credentials("jtegen"), "SERVER")  # the gateway's side, to know its lines
+    client = ScramClient("jtegen", old, "CLIENT")
+    server_first = server.first(client.first())
+    return client, server, client.first(), server_first, client.final(server_first)
+
+
+def scram_change(old: str, new: str) -> tuple[bytes, bytes]:
+    """The client's bytes of a whole SET LOGIN PASSWORD SCRAM-SHA-256 exchange and the server's replies."""
+    import base64
+    client, server, first, server_first, client_final = scram_proof(old)
+    offer = server.offer_new_password(server.final(client_final), b"fresh-salt-bytes", 4096)
+    sent = (b"SET LOGIN PASSWORD SCRAM-SHA-256/1.0\r\n\r\n" + b64_line(first) + b64_line(client_final)
+            + b64_line(client.new_password(offer, new)))
+    replies = (b"200-OK\r\n200 +\r\n\r\n+ " + base64.b64encode(server_first.encode()) + b"\r\n\r\n+ "
+               + base64.b64encode(offer.encode()) + b"\r\n\r\n" + OK)
+    return sent, replies
+
+
+def test_set_login_password_over_scram_sends_neither_password():
+    """Prove the old password by SCRAM, send the new one's SaltedPassword for the server's salt,
+    masked: the stored hash then checks CLEAR and SCRAM logins with the new password."""
+    from gateway.accounts import Accounts, verify_password
+    from gateway.scram import ScramClient, ScramServer
+
+    outcomes: list = []
+    sent, expected = scram_change("rowe7kuy", "n3w-secret")
+    actions = feed_three_ways(sent, scram_session(outcomes))
+    assert wire(actions) == expected
+    assert b"rowe7kuy" not in sent and b"n3w-secret" not in sent
+    [control] = [a for a in actions if isinstance(a, Control)]
+    stored = control.event.value
+    assert control.event.attribute == "password" and stored.startswith("pbkdf2_sha256$4096$")
+    assert verify_password("n3w-secret", stored) and not verify_password("rowe7kuy", stored)
+    server = ScramServer(Accounts({}, overrides={"jtegen": stored}).scram_credentials("jtegen"), "S")
+    client = ScramClient("jtegen", "n3w-secret", "C")
+    assert client.verify(server.final(client.final(server.first(client.first()))))
+    assert outcomes[-1] is True
+
+
+def test_set_login_password_over_scram_with_a_wrong_old_password_is_a_failed_login():
+    outcomes: list = []
+    _, _, first, _, client_final = scram_proof("guess")
+    actions = run(scram_session(outcomes)(), [b"SET LOGIN PASSWORD SCRAM-SHA-256/1.0\r\n" + b64_line(first)
+                                              + b64_line(client_final) + b"NOOP\r\n"])
+    assert wire(actions).endswith(b"401 Unauthorized (old password not proved: proof does not match)\r\n\r\n"
+                                  + OK)
+    assert outcomes == [False] and not [a for a in actions if isinstance(a, Control)]
+
+
+def test_set_login_password_over_scram_refusals():
+    """400 for a tampered new password (nothing stored), 405 for an account without SCRAM
+    credentials (guest), 401 while the account is throttled."""
+    from gateway.protocol import AuthResult, Session
+    from tests.gateway.test_feeding import SPEC_TIME, make_config
+
+    _, _, first, _, client_final = scram_proof("rowe7kuy")
+    tampered = b64_line("h=" + "A" * 44 + ",p=" + "A" * 44)
+    actions = run(scram_session([])(), [b"SET LOGIN PASSWORD SCRAM-SHA-256/1.0\r\n" + b64_line(first)
+                                        + b64_line(client_final) + tampered])
+    assert wire(actions).endswith(b"400 Bad request (new password: new password proof does not match)\r\n\r\n")
+    assert not [a for a in actions if isinstance(a, Control)]
+    guest = make_session()
+    run(guest, [b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n"])
+    assert wire(run(guest, [b"SET LOGIN PASSWORD SCRAM-SHA-256/1.0\r\n"])) == \
+        b"405 Not allowed (guest has no SCRAM credentials; use CLEAR/1.0)\r\n\r\n"
+    registry = make_registry()
+    throttled = Session(make_config(), lambda user, password: AuthResult.OK, clock=lambda: SPEC_TIME,
+                        new_guid=str, new_smuid=lambda: 1, registry=registry,
+                        scram_credentials=lambda user: AuthResult.THROTTLED)
+    throttled.registry, throttled.stored = registry, {}
+    run(throttled, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen x\r\n"])
+    assert wire(run(throttled, [b"SET LOGIN PASSWORD SCRAM-SHA-256/1.0\r\n"])) == \
+        b"401 Unauthorized (too many failed logins; try again later)\r\n\r\n"
+
+
 # -- SET NOTIFY (4.1.6.3)
 
 
@@ -727,3 +834,41 @@ def test_scram_sha_256_login_through_continuation_lines():
     assert not session.logged_in and outcomes == [True, False]
     assert wire(feed_three_ways(b"LOGIN nobody SCRAM-SHA-256/1.0\r\n", factory)) == \
         b"404 Not found (account not found)\r\n\r\n"
+
+
+def test_per_topic_message_size_and_queue_limits():
+    """Spec section 6's per-queue maximum message size (413), message count and total size (414),
+    from the configuration's [topics."/…"], inherited; the queue as the delivery book counts it."""
+    from schemas.config import load_config
+    from tests.gateway.test_feeding import make_config
+    from tests.gateway.test_session_errors import durables, pub
+
+    config = load_config(env={}, topics={"/stocks": {"max_messages": 2, "max_queue_bytes": 20},
+                                         "/stocks/quotes/ibm": {"max_message_bytes": 8},
+                                         "/news": {"max_message_bytes": 64}})
+    queued = {"/stocks/quotes/ibm": (1, 12), "/stocks/quotes/msft": (2, 10)}
+
+    def factory():
+        session = make_session(make_config(max_message_bytes=16), queue_params=config.queue,
+                               queued=lambda topic: queued.get(topic, (0, 0)))
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
+        return session
+
+    frames = [pub(b"", data=b"12345678"),                          # 8 bytes: its topic's limit, room left
+              pub(b"", data=b"123456789"),                         # 9 > 8: 413
+              pub(b"", data=b"x" * 9, topic=b"/stocks/quotes/sony"),  # inherits 16 from the gateway, but 0+9 ok
+              pub(b"", topic=b"/stocks/quotes/msft"),              # 2 messages waiting of 2: full
+              pub(b"", data=b"x" * 40, topic=b"/news"),            # /news allows 64, more than the gateway's 16
+              pub(b"", data=b"x" * 65, topic=b"/news")]            # 65 > 64
+    actions = feed_three_ways(b"".join(frames), factory)
+    assert wire(actions) == (b"200-OK\r\n200 A004 2001083408341156\r\n\r\n"
+                             b"413 Entity too large (more than 8 data bytes)\r\n\r\n"
+                             b"200-OK\r\n200 A004 2001083408341157\r\n\r\n"
+                             b"414 Resource too large (queue of /stocks/quotes/msft full: 2 messages waiting)\r\n\r\n"
+                             b"200-OK\r\n200 A004 2001083408341158\r\n\r\n"
+                             b"413 Entity too large (more than 64 data bytes)\r\n\r\n")
+    queued["/stocks/quotes/ibm"] = (1, 13)  # 13 + 8 > 20 bytes: full by size
+    assert wire(run(factory(), [pub(b"", data=b"12345678")])) == \
+        b"414 Resource too large (queue of /stocks/quotes/ibm full: 13 of 20 bytes waiting)\r\n\r\n"
+    silent = run(factory(), [pub(b"", data=b"12345678", headers=b"Guarantee: NO\r\n")])
+    assert silent == [] and not durables(silent)  # refused, and as every unguaranteed PUB: no reply

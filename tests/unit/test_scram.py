@@ -44,3 +44,35 @@ def test_a_wrong_password_or_a_replayed_nonce_fails():
     other.first("n,,n=user,r=CLIENTNONCE")
     with pytest.raises(ScramError, match="does not continue"):
         other.final(CLIENT_FINAL)
+
+
+def change_exchange(old: str, salt: bytes = b"new-salt-16bytes", iterations: int = 4096):
+    """A SET LOGIN PASSWORD exchange up to the server's offer: (server, client, offer)."""
+    server = ScramServer(rfc_credentials(), "SERVERNONCE")
+    client = ScramClient("user", old, "CLIENTNONCE")
+    server_final = server.final(client.final(server.first(client.first())))
+    return server, client, server.offer_new_password(server_final, salt, iterations)
+
+
+def test_a_password_change_carries_only_the_masked_salted_password():
+    server, client, offer = change_exchange("pencil")
+    answer = client.new_password(offer, "crayon")
+    stored = server.new_credentials(answer)
+    expected = hashlib.pbkdf2_hmac("sha256", b"crayon", b"new-salt-16bytes", 4096)
+    assert stored == Credentials(b"new-salt-16bytes", 4096, expected)
+    assert base64.b64encode(expected).decode() not in answer and "crayon" not in answer
+
+
+def test_a_password_change_refuses_a_tampered_answer_and_a_server_without_proof():
+    server, client, offer = change_exchange("pencil")
+    answer = client.new_password(offer, "crayon")
+    masked = base64.b64decode(answer[2:answer.index(",p=")])
+    flipped = base64.b64encode(bytes([masked[0] ^ 1]) + masked[1:]).decode()
+    with pytest.raises(ScramError, match="new password proof does not match"):
+        server.new_credentials(f"h={flipped}{answer[answer.index(',p='):]}")
+    forged = offer.replace(offer[2:6], "AAAA", 1)  # a server that does not know the old password
+    with pytest.raises(ScramError, match="did not prove"):
+        client.new_password(forged, "crayon")
+    unproved = ScramServer(rfc_credentials(), "X")
+    with pytest.raises(ScramError, match="not been proved"):
+        unproved.offer_new_password("v=", b"salt", 4096)
