@@ -208,6 +208,8 @@ class _Channel:
         self.reader = reader
         self.writer = writer
         self.main = main
+        # the Smuid of the last NOTIFY MESSAGE that wants a 310 ACK: a retry of it is dropped
+        self.last_notified: str | None = None
         self.parser = cp.ServerReader(greeting=main)
         self.waiting: deque[asyncio.Future] = deque()
         self.lock = asyncio.Lock()  # held while writing, and across an exchange that must not interleave
@@ -238,8 +240,13 @@ class _Channel:
         if isinstance(frame, cp.Greeting):
             self.client._greeting(frame.text)
         elif isinstance(frame, cp.NotifyFrame):
-            self.client._notified(Notification(frame.resource, frame.topic, frame.headers, frame.sections,
-                                               self.client, self))
+            note = Notification(frame.resource, frame.topic, frame.headers, frame.sections, self.client, self)
+            smuid = note.header("Smuid") if note.needs_ack else None
+            if smuid is not None and smuid == self.last_notified:
+                return  # the server's retry of the NOTIFY just received: one message, one 310 ACK
+            if smuid is not None:
+                self.last_notified = smuid
+            self.client._notified(note)
         elif self.waiting:  # a reply or continuation; a cancelled waiter still owns its reply
             waiter = self.waiting.popleft()
             if not waiter.done():

@@ -359,7 +359,7 @@ def account_topic_owner_sql(topic: str) -> str:
     return f"regexp_extract(lower({topic}), '^/accounts/([^/]+)$', 1)"
 
 
-def route_all_sql(events: str, intervals: str) -> str:
+def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
     """SQL: :func:`route`'s rows, plus one row of account ``''`` for each publish that reached nobody
     and can expire (``expires_at`` not null): :func:`unrouted` from the same pass.
 
@@ -371,8 +371,10 @@ def route_all_sql(events: str, intervals: str) -> str:
     the per-(account, smuid) window after it needs no shuffle of its own.
     """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
+    pick_one = ("row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account))" if one
+                else "1")  # ``one`` False: no DELIVERY ONE publish in the batch, no window needed
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
-  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account)) AS _one FROM (
+  SELECT *, {pick_one} AS _one FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
     SELECT CASE WHEN _reached THEN _to ELSE '' END AS account, smuid, topic, cmuid, publisher, publisher_guid,
            accepted_at, priority, headers, sections, seq, expires_at, receipt, delivery

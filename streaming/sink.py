@@ -102,6 +102,21 @@ _STORED_COLUMNS = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "pr
 _RECEIPTED = StructType([StructField("smuid", LongType())])
 
 
+def _empty(schema: StructType) -> str:
+    """SQL: a relation with ``schema``'s columns and no rows, as a CTE body (Spark folds it away)."""
+    return routing.empty_sql(schema)[1:-1]
+
+
+_ONE = re.compile(r'"delivery"\s*:\s*"one"')
+
+
+def has_delivery_one(records: pa.Table) -> bool:
+    """Whether a record of the batch may be a DELIVERY ONE publish (a cheap over-approximation:
+    a false positive only keeps the pick-one step in the plan)."""
+    values = pc.cast(records.column("value"), pa.string())
+    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _ONE.pattern)).as_py()
+
+
 def _ddl(kind: DataType) -> str:
     """``kind`` as a SQL type with every nested field nullable (field names quoted)."""
     if isinstance(kind, StructType):
@@ -122,7 +137,7 @@ def _as_struct(kind: StructType) -> str:
 
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
-              retries: bool = True, receipts: bool = True) -> str:
+              retries: bool = True, receipts: bool = True, one: bool = True) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
@@ -137,15 +152,16 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     routed in this batch, and whether a stored one, can expire (:func:`may_expire`);
     what cannot is left out of the plan (the whole of expiry would cost every
     micro-batch about twice as many shuffles); so is the retry count when the batch holds
-    no NACK (``retries``), and so are receipts when no message concerned asked for one
-    (``receipts``).
+    no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
+    and picking one subscriber when no publish is DELIVERY ONE (``one``).  A smaller plan is
+    what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
     source = ", ".join(_STORED_COLUMNS)
     ctes = {
         "events": routing.parse_commands_sql("{records}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
-        "routed_all": routing.route_all_sql("events", "intervals"),
+        "routed_all": routing.route_all_sql("events", "intervals", one),
         "routed": "SELECT * FROM routed_all WHERE account <> ''",
         "acks": routing.extract_acks_sql("events"),
         "unrouted": routing.unrouted_of_sql("routed_all"),
@@ -156,10 +172,10 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "new_messages": routing.message_rows_sql("events", batch_id),
         "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
         "released": (routing.released_sql("events", "{retrying}", "acks", "expiring", "intervals", "all_messages")
-                     if retries else routing.empty_sql(routing.RELEASED)[1:-1]),
-        "reassigned": routing.reassigned_sql("released", "all_messages"),
+                     if retries else _empty(routing.RELEASED)),
+        "reassigned": routing.reassigned_sql("released", "all_messages") if retries else _empty(routing.DELIVERIES),
         "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring", "released") if retries
-                    else routing.empty_sql(routing.RETRIED)[1:-1]),
+                    else _empty(routing.RETRIED)),
         "dead": routing.dead_messages_sql("expiring", "retried"),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
@@ -167,8 +183,9 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_acked": routing.acked_records_sql("settled"),
         "out_expired": routing.expired_records_sql("expiring", "retried", "released"),
         "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
-                         else routing.empty_sql(routing.RECEIPTS_DUE)[1:-1]),
-        "receipt_messages": routing.receipt_messages_sql("receipts_due", "all_messages", now),
+                         else _empty(routing.RECEIPTS_DUE)),
+        "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
+                             else _empty(routing.RECEIPT_MESSAGES)),
         "receipt_deliveries": f"SELECT {', '.join(routing.DELIVERIES.fieldNames())} FROM receipt_messages",
         "new_deliveries": ("SELECT * FROM routed UNION ALL SELECT * FROM receipt_deliveries "
                            "UNION ALL SELECT * FROM reassigned"),
@@ -458,7 +475,7 @@ class CommandSink:
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
         sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
-                        state.num_rows > 0)
+                        state.num_rows > 0, has_delivery_one(arrow_records))
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),

@@ -77,7 +77,8 @@ def table_rows(config, table: str, until=lambda rows: True, timeout: float = 60)
     after the gateway has answered)."""
     deadline = time.monotonic() + timeout
     while True:
-        rows = DeltaTable(config.table_path(table)).to_pyarrow_table().to_pylist()
+        path = config.table_path(table)
+        rows = DeltaTable(path).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(path) else []
         if until(rows):
             return rows
         assert time.monotonic() < deadline, f"{table}: still {rows}"
@@ -205,3 +206,57 @@ def test_three_delivery_one_subscribers_share_300_messages_each_acknowledged_onc
         by_message.setdefault(row["smuid"], []).append(row["status"])
     assert all(statuses.count("acked") == 1 for statuses in by_message.values())
     assert sum("released" in statuses for statuses in by_message.values()) > 0
+
+
+def test_a_job_restart_with_deliveries_in_flight_ends_every_message_once_acknowledged_or_in_trash(
+        broker, spark, tmp_path):
+    """Stop the streaming job while NOTIFYs, ACKs and NACKs are in flight, start it again on its
+    checkpoint: every message ends exactly once acknowledged (by the subscriber that ACKs) or in
+    the Trash (for the one that never does), and nobody is notified of an acknowledged one again."""
+    config = stack_config(broker, tmp_path, accounts=hashed(good="g", bad="b", pub="p"),
+                          topics={"/q/r": {"retry_timeout_s": 0.5, "max_retries": 1}})
+    total = 6
+
+    async def scenario(address, router):
+        await create_smqp_topics(address, "/q/r")
+        async with await SMQPClient.open(*address, "good", "g") as good, \
+                await SMQPClient.open(*address, "bad", "b") as bad, \
+                await SMQPClient.open(*address, "pub", "p") as pub:
+            await good.subscribe("/q/r")
+            await bad.subscribe("/q/r")
+            published = [await pub.publish("/q/r", f"m{i}") for i in range(total)]
+            seen, ignored = [], []
+
+            async def ignore():  # bad reads its NOTIFYs and never acknowledges one
+                while True:
+                    ignored.append((await bad.next_notification()).smuid)
+
+            ignoring = asyncio.create_task(ignore())
+            for _ in range(total // 2):
+                note = await good.next_notification(120)
+                await note.ack()
+                seen.append(note.smuid)
+            await asyncio.to_thread(router.stop)  # in flight: bad's retries, good's next NOTIFYs
+            await asyncio.sleep(2)
+            await asyncio.to_thread(router.start)
+            while len(seen) < total:
+                note = await good.next_notification(120)
+                await note.ack()
+                seen.append(note.smuid)
+            with pytest.raises(asyncio.TimeoutError):  # nothing more for good: no redelivery
+                await good.next_notification(3)
+            # bad stays connected (retries need a login) until each message went to the Trash for it
+            trash = await asyncio.to_thread(table_rows, config, "trash", lambda rows: len(rows) >= total, 240)
+            ignoring.cancel()
+            return published, seen, ignored, trash
+
+    with Router(spark, config) as router, GatewayThread(config) as gateway:
+        published, seen, ignored, trash = asyncio.run(scenario(gateway.address, router))
+        deliveries = table_rows(config, "deliveries", until=lambda rows: sum(
+            r["status"] in ("acked", "trashed") for r in rows) >= 2 * total)
+    assert seen == published  # in order, each once
+    assert sorted((r["smuid"], r["account"], r["reason"]) for r in trash) == [
+        (smuid, "bad", "max_retries") for smuid in sorted(published)]
+    assert sorted((r["account"], r["smuid"], r["status"]) for r in deliveries) == sorted(
+        [("good", smuid, "acked") for smuid in published] + [("bad", smuid, "trashed") for smuid in published])
+    assert set(ignored) == set(published)

@@ -701,3 +701,28 @@ def test_cli_every_subcommand_has_help(argv, capsys):
         cli.main([*argv, "--help"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("usage: smqp " + " ".join(argv))
+
+
+def test_a_retried_notify_is_handed_over_once_so_it_gets_one_310_ack():
+    """The server sends a NOTIFY again when its 310 ACK is late (retry timeout); the ACK carries
+    no SMUID, so acknowledging both copies would acknowledge the next message too."""
+    other = NOTIFY_MESSAGE.replace(b"www.host.com/1835", b"www.host.com/1836")
+
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"NOOP\r\n\r\n")
+        await conn.send(OK + NOTIFY_MESSAGE + NOTIFY_MESSAGE)  # the second: the server's retry
+        await conn.steps([(cp.ACK, b"310 ACK\r\n\r\n" + other), (cp.ACK, b"310 ACK\r\n\r\n"), *QUIT])
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            async with await logged_in(server) as client:
+                await client.noop()
+                got = []
+                for _ in range(2):
+                    note = await client.next_notification(STEP_TIMEOUT)
+                    await note.ack()
+                    got.append(note.smuid)
+                assert got == [1835, 1836]
+                await client.quit()
+    run(body)
