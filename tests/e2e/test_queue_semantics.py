@@ -119,7 +119,8 @@ def test_a_notify_never_acknowledged_is_sent_max_retries_more_times_then_trashed
 
 def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_account_topic(broker, spark, tmp_path):
     """RECEIPT ALL: once every subscriber acknowledged, a receipt message arrives on
-    /accounts/<publisher>; when the timeout passes first, the receipt says X/Y."""
+    /accounts/<publisher>; when the timeout passes first, the receipt says X/Y.  Created, Name,
+    Sequence and X- attributes reach the subscribers untouched."""
     config = stack_config(broker, tmp_path, accounts=hashed(ann="a", ben="b", pub="p"))
 
     async def scenario(address):
@@ -129,10 +130,12 @@ def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_accoun
                 await SMQPClient.open(*address, "pub", "p") as pub:
             await ann.subscribe("/q/orders")
             await ben.subscribe("/q/orders")
-            both = await pub.publish("/q/orders", "for both", headers=[("Receipt", "ALL")])
+            carried = [("Created", "D20261122T03150420Z"), ("Name", "Order 1"), ("Sequence", "34"), ("X-Trace", "a1")]
+            both = await pub.publish("/q/orders", "for both", headers=[("Receipt", "ALL"), *carried])
             for subscriber in (ann, ben):
                 note = await subscriber.next_notification(60)
                 assert note.smuid == both
+                assert [(name, note.header(name)) for name, _ in carried] == carried  # untouched
                 await note.ack()
             receipt = await pub.next_notification(60)
             await receipt.ack()
