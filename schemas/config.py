@@ -64,6 +64,15 @@ class StreamingConfig:
     poll_timeout_ms: int = 50
     query_name: str = "smqp-router"
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
+    # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
+    # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
+    source: str = "python"
+    # extra Spark properties for the job's session; spark-submit's --conf wins over them
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("python", "kafka"):
+            raise ValueError(f"[streaming] source must be \"python\" or \"kafka\", not {self.source!r}")
 
 
 @dataclass(frozen=True)
