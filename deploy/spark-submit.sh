@@ -17,6 +17,7 @@
 #   SPARK_HOME             Spark installation (default: the pyspark package of $PYTHON)
 #   SMQP_SPARK_PROPERTIES  properties file (default: deploy/spark/smqp-router.conf)
 #   SMQP_CONFIG            the job's TOML configuration (or pass --config after "--")
+#   SMQP_BUILD_DIR         where the job's packages are zipped for the executors (default: build/)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -43,8 +44,9 @@ done
 
 # The job's packages for the executors (Spark puts --py-files on their sys.path), so workers
 # need only the third-party packages, not a checkout of this project.
-mkdir -p "$root/build"
-"$python" - "$root" "$root/build/smqp-job.zip" <<'PY'
+build="${SMQP_BUILD_DIR:-$root/build}"
+mkdir -p "$build"
+"$python" - "$root" "$build/smqp-job.zip" <<'PY'
 import pathlib, sys, zipfile
 root, target = pathlib.Path(sys.argv[1]), sys.argv[2]
 with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -60,7 +62,7 @@ PY
 # under the driver's feet.
 set -m
 set -x
-"$SPARK_HOME/bin/spark-submit" --properties-file "$properties" --py-files "$root/build/smqp-job.zip" \
+"$SPARK_HOME/bin/spark-submit" --properties-file "$properties" --py-files "$build/smqp-job.zip" \
   "${spark_args[@]}" "$root/streaming/job.py" "${job_args[@]}" &
 { set +x; } 2>/dev/null
 submit=$!
