@@ -189,12 +189,15 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
         toml = _job_config(config, workdir / "smqp.toml", batch, accounts)
         gateway, config = _gateway(broker, str(workdir), {"SMQP_CONFIG": toml})
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+        ui_port = free_port()
+        executors: list[dict] = []
         if launcher == "python":  # the job starts its own Spark: [streaming] master
             env["SMQP_STREAMING_MASTER"] = master
             command = [sys.executable, "-m", "streaming.job", "--config", toml]
-        else:
+        else:  # the driver's UI on, for its executors' task times
             command = [str(ROOT / "deploy" / "spark-submit.sh"), "--master", master,
-                       "--conf", "spark.driver.host=127.0.0.1", "--", "--config", toml]
+                       "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=true",
+                       "--conf", f"spark.ui.port={ui_port}", "--", "--config", toml]
         job = subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True,
                                stdout=open(workdir / "job.log", "wb"), stderr=subprocess.STDOUT)
         try:
@@ -225,6 +228,8 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
             ingest_s = asyncio.run(_publish(address, messages))
             routed((warmup + messages) * subscribers)
             wall_s = time.perf_counter() - started
+            if launcher == "spark-submit":
+                executors = _executors(ui_port)
             time.sleep(8)  # the metrics recorder flushes every 5 s
         finally:
             _stop(job, grace=120)
@@ -235,13 +240,29 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
     timed = [r for r in rows if r["batch_id"] > warm_last and r["num_input_rows"] >= batch // 2]
     busy_s = sum(r["batch_duration_ms"] for r in timed) / 1000
     commands = sum(r["num_input_rows"] for r in timed)
+    tasks = {f"executor {e['id']}: tasks / task seconds": f"{e['totalTasks']} / {e['totalDuration'] / 1000:.1f}"
+             for e in executors}
     return {"master": master, "launcher": launcher, "messages": messages, "subscribers": subscribers, "max_records_per_batch": batch,
             "ingest_msgs_per_s_while_routing": round(messages / ingest_s),
             "publish_to_all_routed_s": round(wall_s, 1),
             "end_to_end_msgs_per_s": round(messages / wall_s),
             "full_batches": len(timed), "mean_full_batch_ms": round(busy_s * 1000 / max(1, len(timed))),
             "commands_per_s_of_batch_time": round(commands / busy_s) if busy_s else None,
-            "deliveries_per_s_of_batch_time": round(commands * subscribers / busy_s) if busy_s else None}
+            "deliveries_per_s_of_batch_time": round(commands * subscribers / busy_s) if busy_s else None,
+            **tasks}
+
+
+def _executors(ui_port: int) -> list[dict]:
+    """The application's executors (and the driver, which runs the tasks in local mode) from
+    the driver's REST API: tasks run and their summed duration since the job started."""
+    import urllib.request
+
+    def get(path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/{path}", timeout=30) as response:
+            return json.load(response)
+
+    app = get("applications")[0]["id"]
+    return [e for e in get(f"applications/{app}/executors") if e["totalTasks"] or e["id"] != "driver"]
 
 
 def _table(title: str, figures: dict) -> None:
