@@ -1,16 +1,22 @@
 """Capacity measurements behind deploy/CAPACITY.md (a script, not a test).
 
-Three bounded measurements, each on 127.0.0.1 with processes it starts and stops itself:
+Four bounded measurements on 127.0.0.1, with processes each starts and stops itself (and, for
+``drain --master spark://…``, a Spark cluster you started):
 
 - ``kafka``: one partition of the dev broker (tansu) — produce rate with the gateway's
   producer settings (acks=all, one request in flight, linger 1 ms), durable appends one at a
   time (the ACK path), and the fetch rate reading the partition back.
+- ``ingest``: one gateway process, no routing job — guaranteed 200-byte PUBs per second from
+  pipelining publishers (each reply waits for Kafka's acks=all).
 - ``connections``: one gateway process — logins per second and resident memory per idle
   logged-in connection.
-- ``drain``: the routing job on a backlog — publishes N messages through a gateway while the
-  job is down (K offline subscribers), then submits the job with deploy/spark-submit.sh
-  (``--master local[2]`` or a cluster's ``spark://…``) and reports its micro-batches from the
-  ``metrics`` Delta table: commands routed per second of batch time, and wall time to drain.
+- ``drain``: the routing job under a backlog — submits it with deploy/spark-submit.sh
+  (``--master local[2]`` or a cluster's ``spark://…``; ``--launcher python`` runs
+  ``python -m streaming.job`` instead), warms it up, then publishes N messages for K offline
+  subscribers as fast as a gateway takes them, and reads the job's micro-batches back from the
+  ``metrics`` Delta table: commands routed per second of batch time in the (nearly) full batches,
+  wall time until every delivery is in Delta, and each executor's tasks and task seconds from the
+  driver's REST API.
 
 Prints a table per measurement; ``--json`` also writes the figures.
 """
@@ -143,6 +149,31 @@ def measure_connections(count: int) -> dict:
             _stop(gateway)
 
 
+def measure_ingest(messages: int, publishers: int, window: int) -> dict:
+    """Guaranteed 200-byte PUBs through one gateway process with no routing job running: the
+    gateway's own ceiling (each 200 waits for Kafka's acks=all, not for the job)."""
+    from gateway.client import SMQPClient
+
+    workdir = tempfile.mkdtemp(prefix="smqp-capacity-")
+    with DevBroker() as broker:
+        gateway, config = _gateway(broker, workdir)
+        try:
+            address = (config.gateway.host, config.gateway.port)
+
+            async def run() -> tuple[float, float]:
+                async with await SMQPClient.open(*address) as admin:
+                    await admin.create_topic("/drain/t")
+                await _publish(address, 1000, publishers, window)  # warm-up
+                return await _publish(address, messages, publishers, window), _rss_mb(gateway.pid)
+
+            seconds, rss = asyncio.run(run())
+        finally:
+            _stop(gateway)
+    total = messages - messages % publishers
+    return {"messages": total, "publishers": publishers, "window": window, "seconds": round(seconds, 1),
+            "msgs_per_s": round(total / seconds), "gateway_rss_mb": round(rss, 1)}
+
+
 def _job_config(config, path: Path, batch: int, accounts: dict[str, str]) -> str:
     path.write_text(f'data_dir = "{config.data_dir}"\n[kafka]\nbootstrap = "{config.kafka.bootstrap}"\n'
                     f'[streaming]\nmax_records_per_batch = {batch}\n[accounts]\n'
@@ -170,8 +201,9 @@ async def _publish(address, count: int, publishers: int = 4, window: int = 100) 
     return time.perf_counter() - started
 
 
-def measure_drain(messages: int, subscribers: int, batch: int, master: str, launcher: str) -> dict:
-    """The job, submitted with deploy/spark-submit.sh and warmed up on ``2 * batch`` messages,
+def measure_drain(messages: int, subscribers: int, batch: int, master: str, launcher: str,
+                  warmup: int) -> dict:
+    """The job, submitted with deploy/spark-submit.sh and warmed up on ``warmup`` messages,
     routes ``messages`` more to ``subscribers`` offline accounts; its micro-batches are read
     back from the ``metrics`` table."""
     from deltalake import DeltaTable
@@ -183,7 +215,7 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
     accounts = {name: hash_password(name, iterations=1000) for name in names}
     workdir = Path(tempfile.mkdtemp(prefix="smqp-drain-"))
     messages -= messages % 4
-    warmup = 2 * batch
+    warmup -= warmup % 4
     with DevBroker() as broker:
         config = load_config(env={}, data_dir=str(workdir / "data"), kafka={"bootstrap": broker.bootstrap})
         toml = _job_config(config, workdir / "smqp.toml", batch, accounts)
@@ -221,8 +253,9 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
             asyncio.run(subscribe())
             asyncio.run(_publish(address, warmup))
             routed(warmup * subscribers)
-            commits = Path(config.checkpoint_dir, "commits")
-            warm_last = max(int(f.name) for f in commits.iterdir() if f.name.isdigit())
+            # the last batch planned so far (its offsets are written before it runs): the warm-up's
+            planned = Path(config.checkpoint_dir, "offsets")
+            warm_last = max(int(f.name) for f in planned.iterdir() if f.name.isdigit())
             print(f"  {master}: job warmed up on {warmup} messages; publishing {messages} more ...", flush=True)
             started = time.perf_counter()
             ingest_s = asyncio.run(_publish(address, messages))
@@ -279,12 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     kafka.add_argument("--records", type=int, default=50000, help="records to produce (default 50000)")
     kafka.add_argument("--bytes", type=int, default=200, help="record size (default 200)")
     kafka.add_argument("--serial", type=int, default=1000, help="appends awaited one by one (default 1000)")
+    ingest = sub.add_parser("ingest", help="one gateway, no job: guaranteed PUBs per second")
+    ingest.add_argument("--messages", type=int, default=20000, help="messages (default 20000)")
+    ingest.add_argument("--publishers", type=int, default=8, help="publishing connections (default 8)")
+    ingest.add_argument("--window", type=int, default=100, help="PUBs in flight per connection (default 100)")
     connections = sub.add_parser("connections", help="one gateway: logins/s and memory per idle connection")
     connections.add_argument("--count", type=int, default=2000, help="connections (default 2000)")
     drain = sub.add_parser("drain", help="the routing job draining a backlog, via deploy/spark-submit.sh")
     drain.add_argument("--messages", type=int, default=8000, help="backlog size (default 8000)")
     drain.add_argument("--subscribers", type=int, default=2, help="offline subscriber accounts (default 2)")
     drain.add_argument("--batch", type=int, default=2000, help="[streaming] max_records_per_batch (default 2000)")
+    drain.add_argument("--warmup", type=int, default=4000,
+                       help="messages routed before the measurement starts (JIT, first plans; default 4000)")
     drain.add_argument("--master", default="local[2]", help="spark-submit --master (default local[2])")
     drain.add_argument("--launcher", choices=("spark-submit", "python"), default="spark-submit",
                        help="deploy/spark-submit.sh (default), or python -m streaming.job with [streaming] master")
@@ -294,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.measure}: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start", flush=True)
     if args.measure == "kafka":
         figures = measure_kafka(args.records, args.bytes, args.serial)
+    elif args.measure == "ingest":
+        figures = measure_ingest(args.messages, args.publishers, args.window)
     elif args.measure == "connections":
         figures = measure_connections(args.count)
     else:
-        figures = measure_drain(args.messages, args.subscribers, args.batch, args.master, args.launcher)
+        figures = measure_drain(args.messages, args.subscribers, args.batch, args.master, args.launcher, args.warmup)
     figures["load_average_after"] = round(os.getloadavg()[0], 1)
     _table(args.measure, figures)
     if args.json:

@@ -59,7 +59,7 @@ def read_commands(spark: SparkSession, config: SMQPConfig) -> DataFrame:
     """The commands topic as a stream with exactly the ``KAFKA_RECORD`` columns."""
     source, options = source_options(config)
     records = spark.readStream.format(source).options(**options).load()
-    return records.select(*(f"`{name}`" for name in KAFKA_RECORD.fieldNames()))
+    return records.select(*KAFKA_RECORD.fieldNames())
 
 
 def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str | None = None, *,
