@@ -49,8 +49,8 @@ def _rss_mb(pid: int) -> float:
 
 
 def measure_kafka(records: int, size: int, serial: int) -> dict:
-    """Produce ``records`` of ``size`` bytes to one partition, fetch them back, then ``serial``
-    appends each awaited before the next."""
+    """Produce ``records`` of ``size`` bytes to one partition, then ``serial`` more each awaited
+    before the next, then fetch them all back from offset 0."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     with DevBroker() as broker:
@@ -201,6 +201,17 @@ async def _publish(address, count: int, publishers: int = 4, window: int = 100) 
     return time.perf_counter() - started
 
 
+def _job_command(launcher: str, master: str, toml: str, ui_port: int) -> tuple[list[str], dict[str, str]]:
+    """How to start the job: deploy/spark-submit.sh with the driver's UI on ``ui_port`` (for the
+    executors' task times), or ``python -m streaming.job`` with ``[streaming] master``."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    if launcher == "python":
+        return [sys.executable, "-m", "streaming.job", "--config", toml], dict(env, SMQP_STREAMING_MASTER=master)
+    return [str(ROOT / "deploy" / "spark-submit.sh"), "--master", master,
+            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=true",
+            "--conf", f"spark.ui.port={ui_port}", "--", "--config", toml], env
+
+
 def measure_drain(messages: int, subscribers: int, batch: int, master: str, launcher: str,
                   warmup: int) -> dict:
     """The job, submitted with deploy/spark-submit.sh and warmed up on ``warmup`` messages,
@@ -220,16 +231,9 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
         config = load_config(env={}, data_dir=str(workdir / "data"), kafka={"bootstrap": broker.bootstrap})
         toml = _job_config(config, workdir / "smqp.toml", batch, accounts)
         gateway, config = _gateway(broker, str(workdir), {"SMQP_CONFIG": toml})
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
         ui_port = free_port()
         executors: list[dict] = []
-        if launcher == "python":  # the job starts its own Spark: [streaming] master
-            env["SMQP_STREAMING_MASTER"] = master
-            command = [sys.executable, "-m", "streaming.job", "--config", toml]
-        else:  # the driver's UI on, for its executors' task times
-            command = [str(ROOT / "deploy" / "spark-submit.sh"), "--master", master,
-                       "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=true",
-                       "--conf", f"spark.ui.port={ui_port}", "--", "--config", toml]
+        command, env = _job_command(launcher, master, toml, ui_port)
         job = subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True,
                                stdout=open(workdir / "job.log", "wb"), stderr=subprocess.STDOUT)
         try:
@@ -256,7 +260,8 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
             # the last batch planned so far (its offsets are written before it runs): the warm-up's
             planned = Path(config.checkpoint_dir, "offsets")
             warm_last = max(int(f.name) for f in planned.iterdir() if f.name.isdigit())
-            print(f"  {master}: job warmed up on {warmup} messages; publishing {messages} more ...", flush=True)
+            print(f"  {master}: job warmed up on {warmup} messages (logs in {workdir}); publishing {messages} more ...",
+                  flush=True)
             started = time.perf_counter()
             ingest_s = asyncio.run(_publish(address, messages))
             routed((warmup + messages) * subscribers)
@@ -275,7 +280,8 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
     commands = sum(r["num_input_rows"] for r in timed)
     tasks = {f"executor {e['id']}: tasks / task seconds": f"{e['totalTasks']} / {e['totalDuration'] / 1000:.1f}"
              for e in executors}
-    return {"master": master, "launcher": launcher, "messages": messages, "subscribers": subscribers, "max_records_per_batch": batch,
+    return {"master": master, "launcher": launcher, "messages": messages, "subscribers": subscribers,
+            "max_records_per_batch": batch,
             "ingest_msgs_per_s_while_routing": round(messages / ingest_s),
             "publish_to_all_routed_s": round(wall_s, 1),
             "end_to_end_msgs_per_s": round(messages / wall_s),
