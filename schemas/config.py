@@ -70,6 +70,15 @@ class StreamingConfig:
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
     trash_retention: str = "07:00:00:00"  # how long the Trash keeps a message (spec timeout format); INFINITE = forever
     trash_sweep_interval_s: float = 3600.0  # the Trash is emptied at most this often, by the job's clock; 0 = every batch
+    # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
+    # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
+    source: str = "python"
+    # extra Spark properties for the job's session; spark-submit's --conf wins over them
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("python", "kafka"):
+            raise ValueError(f"[streaming] source must be \"python\" or \"kafka\", not {self.source!r}")
 
 
 @dataclass(frozen=True)

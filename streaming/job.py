@@ -1,6 +1,8 @@
 """The routing job: ``smqp.commands`` → routing → ``smqp.deliveries`` + Delta tables.
 
-Run it with ``python -m streaming.job [--config smqp.toml]`` (or ``smqp-router``).
+Run it with ``python -m streaming.job [--config smqp.toml]`` (or ``smqp-router``),
+or on a Spark cluster with ``deploy/spark-submit.sh --master spark://host:7077``
+(spark-submit runs this file; see ``deploy/cluster.md``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import logging
 import signal
 import threading
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from schemas.config import SMQPConfig, load_config
+from schemas.spark import KAFKA_RECORD
 from streaming.metrics import attach_metrics, flush_metrics
 from streaming.session import build_session
 from streaming.sink import CommandSink
@@ -22,10 +25,47 @@ from streaming.ticker import Ticker
 log = logging.getLogger("streaming.job")
 
 
+def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
+    """The stream reader's format and options for ``[streaming] source``.
+
+    ``"python"``: our ``smqp_kafka`` source (kafka-python on the driver; no jars).
+    ``"kafka"``: Spark's built-in Kafka source, which needs the spark-sql-kafka
+    jars on the cluster (``--packages`` / ``--jars``).  Both read every
+    partition of the commands topic from the earliest offset, at most
+    ``max_records_per_batch`` records per micro-batch, and emit the same
+    columns (``schemas.spark.KAFKA_RECORD``).  ``failOnDataLoss``: a batch whose
+    offsets retention already deleted fails the query instead of skipping
+    commands silently — as ``smqp_kafka``'s replay does.
+    """
+    kafka, streaming = config.kafka, config.streaming
+    if streaming.source == "kafka":
+        return "kafka", {
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribe": kafka.commands_topic,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": str(streaming.max_records_per_batch),
+            "failOnDataLoss": "true",
+            "includeHeaders": "false",
+        }
+    return "smqp_kafka", {
+        "bootstrap": kafka.bootstrap,
+        "topic": kafka.commands_topic,
+        "maxRecordsPerBatch": str(streaming.max_records_per_batch),
+        "pollTimeoutMs": str(streaming.poll_timeout_ms),
+    }
+
+
+def read_commands(spark: SparkSession, config: SMQPConfig) -> DataFrame:
+    """The commands topic as a stream with exactly the ``KAFKA_RECORD`` columns."""
+    source, options = source_options(config)
+    records = spark.readStream.format(source).options(**options).load()
+    return records.select(*KAFKA_RECORD.fieldNames())
+
+
 def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str | None = None, *,
                 available_now: bool = False, sink: CommandSink | None = None,
                 metrics: bool = True) -> StreamingQuery:
-    """Start the routing query: ``smqp_kafka`` source → :class:`CommandSink` in foreachBatch.
+    """Start the routing query: commands source (:func:`source_options`) → :class:`CommandSink` in foreachBatch.
 
     ``trigger_interval`` overrides ``config.streaming.trigger_interval``;
     ``available_now=True`` processes what the topic holds now and stops.
@@ -35,15 +75,8 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     :class:`~streaming.ticker.Ticker` (``query.ticker``) appends the job's clock
     to the commands topic every ``streaming.tick_interval_s`` while the query runs.
     """
-    kafka, streaming = config.kafka, config.streaming
-    records = (
-        spark.readStream.format("smqp_kafka")
-        .option("bootstrap", kafka.bootstrap)
-        .option("topic", kafka.commands_topic)
-        .option("maxRecordsPerBatch", str(streaming.max_records_per_batch))
-        .option("pollTimeoutMs", str(streaming.poll_timeout_ms))
-        .load()
-    )
+    streaming = config.streaming
+    records = read_commands(spark, config)
     writer = (
         records.writeStream.queryName(streaming.query_name)
         .foreachBatch(sink or CommandSink(config))
@@ -91,15 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is per-connection chatter
+    for chatty in ("kafka", "py4j"):  # their INFO is per-connection / per-callback chatter
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     config = load_config(args.config)
-    log.info("commands %s → deliveries %s on %s", config.kafka.commands_topic,
-             config.kafka.deliveries_topic, config.kafka.bootstrap)
+    log.info("commands %s (source %s) → deliveries %s on %s", config.kafka.commands_topic,
+             config.streaming.source, config.kafka.deliveries_topic, config.kafka.bootstrap)
     for table in ("messages", "deliveries", "subscriptions", "metrics"):
         log.info("Delta table %s: %s", table, config.table_path(table))
     log.info("checkpoint: %s", config.checkpoint_dir)
 
     spark = build_session(config.streaming, app_name=config.streaming.query_name)
+    log.info("Spark master %s, application %s", spark.sparkContext.master, spark.sparkContext.applicationId)
     sink = CommandSink(config)
     stopping = threading.Event()
 

@@ -1,0 +1,85 @@
+"""What the job asks of Spark on a cluster, checked without a cluster or the spark-sql-kafka jars:
+the reader options of both commands sources, and which Spark properties the session sets
+itself versus leaves to spark-submit."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, TimestampType
+
+from schemas.config import load_config
+from schemas.spark import KAFKA_RECORD
+from streaming.job import source_options
+from streaming.kafka_source import KafkaDataSource
+from streaming.session import LEAN_CONF, session_conf
+
+KAFKA = {"bootstrap": "k1:9092,k2:9092", "commands_topic": "prod.commands"}
+
+
+def test_the_default_source_is_ours_over_kafka_python():
+    config = load_config(env={}, kafka=KAFKA, streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20})
+    assert source_options(config) == ("smqp_kafka", {
+        "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000", "pollTimeoutMs": "20"})
+
+
+def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA,
+                         streaming={"max_records_per_batch": 5000})
+    assert source_options(config) == ("kafka", {
+        "kafka.bootstrap.servers": "k1:9092,k2:9092",
+        "subscribe": "prod.commands",
+        "startingOffsets": "earliest",  # a new checkpoint routes the whole log, as smqp_kafka does
+        "maxOffsetsPerTrigger": "5000",
+        "failOnDataLoss": "true",  # never skip commands that retention deleted
+        "includeHeaders": "false",  # no headers column: the same columns as smqp_kafka
+    })
+
+
+def test_both_sources_emit_the_columns_of_sparks_kafka_source():
+    """Spark's Kafka source always emits these seven columns (Structured Streaming + Kafka
+    Integration Guide, "Reading Data from Kafka"); ours declares the same names and types, and
+    the job selects exactly them from either source."""
+    spark_kafka = [("key", BinaryType()), ("value", BinaryType()), ("topic", StringType()),
+                   ("partition", IntegerType()), ("offset", LongType()), ("timestamp", TimestampType()),
+                   ("timestampType", IntegerType())]
+    assert [(f.name, f.dataType) for f in KAFKA_RECORD.fields] == spark_kafka
+    assert KafkaDataSource(options={}).schema() == KAFKA_RECORD
+
+
+def test_an_unknown_source_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match='source must be "python" or "kafka"'):
+        load_config(env={"SMQP_STREAMING_SOURCE": "kinesis"})
+
+
+def test_the_session_sets_master_lean_defaults_and_configured_properties(tmp_path):
+    path = tmp_path / "smqp.toml"
+    path.write_text('[streaming]\nmaster = "spark://10.0.0.5:7077"\nshuffle_partitions = 4\n'
+                    '[streaming.spark_conf]\n"spark.executor.memory" = "2g"\n"spark.ui.enabled" = "true"\n')
+    conf = session_conf(load_config(path, env={}).streaming)
+    assert conf["spark.master"] == "spark://10.0.0.5:7077"
+    assert conf["spark.executor.memory"] == "2g"
+    assert conf["spark.ui.enabled"] == "true"  # the configuration wins over a lean default
+    assert conf["spark.sql.shuffle.partitions"] == "4"
+    assert conf["spark.sql.codegen.wholeStage"] == LEAN_CONF["spark.sql.codegen.wholeStage"]
+
+
+def test_under_spark_submit_its_master_and_conf_win():
+    config = load_config(env={}, streaming={"spark_conf": {"spark.executor.memory": "2g", "spark.cores.max": "8"}})
+    submitted = {"spark.master": "spark://127.0.0.1:7077", "spark.executor.memory": "512m",
+                 "spark.ui.enabled": "true", "spark.app.name": "job.py"}
+    conf = session_conf(config.streaming, submitted)
+    assert not set(conf) & set(submitted)  # the session sets none of what spark-submit already set
+    assert conf["spark.cores.max"] == "8"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_without_the_spark_sql_kafka_jars_source_kafka_fails_at_start_naming_the_guide(spark):
+    """These machines have no spark-sql-kafka jars: the job must reach Spark's own Kafka format
+    (not ours) and fail before reading anything, with Spark's message that says what to deploy."""
+    from pyspark.errors import AnalysisException
+
+    from streaming.job import read_commands
+
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA)
+    with pytest.raises(AnalysisException, match="Kafka Integration Guide"):
+        read_commands(spark, config)
