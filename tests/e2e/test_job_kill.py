@@ -43,6 +43,7 @@ class JobProcess:
             self.kill()
 
 
+@pytest.mark.timeout(600)  # two job start-ups on a loaded 2-core machine
 def test_sigkill_of_the_streaming_job_mid_stream(broker, tmp_path):
     config = stack_config(broker, tmp_path)
     job = JobProcess(config)

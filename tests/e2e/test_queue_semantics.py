@@ -160,6 +160,7 @@ def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_accoun
         (both, "all", 2, 2), (half, "all", 1, 2)]
 
 
+@pytest.mark.timeout(600)  # bounded, but a loaded 2-core machine runs it for minutes
 def test_three_delivery_one_subscribers_share_300_messages_each_acknowledged_once_one_killed_halfway(
         broker, spark, tmp_path):
     """DELIVERY ONE (2002 revision, XEP-0254 queueing): each message is locked to one subscriber;
@@ -211,6 +212,7 @@ def test_three_delivery_one_subscribers_share_300_messages_each_acknowledged_onc
     assert sum("released" in statuses for statuses in by_message.values()) > 0
 
 
+@pytest.mark.timeout(600)  # bounded, but a loaded 2-core machine runs it for minutes
 def test_a_job_restart_with_deliveries_in_flight_ends_every_message_once_acknowledged_or_in_trash(
         broker, spark, tmp_path):
     """Stop the streaming job while NOTIFYs, ACKs and NACKs are in flight, start it again on its
