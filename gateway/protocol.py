@@ -1302,7 +1302,9 @@ class Session:
             return self._reply(Reply.error(NOT_ALLOWED, "account topics are created with their accounts"))
         target = match["target"]
         if target is not None:
-            if not target.startswith("/"):
+            if not target.startswith("/"):  # spec 6: reaching remote servers is a right of its own
+                if not self._may("remote", topic):
+                    return self._denied("remote", topic)
                 return self._reply(Reply.error(NOT_IMPLEMENTED, "virtual topics on remote servers"))
             error, target = self._topic(target)
             if error is not None:

@@ -6,8 +6,9 @@ commands::
     [ual."/"]
     publish = ["*"]            # everyone
     subscribe = ["*"]
-    admin = ["jtegen"]         # create, rename, remove, set keywords at or below
+    admin = ["jtegen"]         # create, rename, remove, set keywords / delivery at or below
     reply = ["*"]
+    remote = ["jtegen"]        # reach remote servers (a virtual topic on another server)
 
     [ual."/stocks"]
     publish = ["feeds"]        # only the feeds account publishes below /stocks
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-ACTIONS = ("publish", "subscribe", "admin", "reply")
+ACTIONS = ("publish", "subscribe", "admin", "reply", "remote")
 
 
 @dataclass(frozen=True)

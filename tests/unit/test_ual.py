@@ -8,7 +8,7 @@ from gateway.ual import AccessList
 from tests.gateway.test_feeding import make_registry, make_session, run, wire
 
 UAL = AccessList({
-    "/": {"admin": ["jtegen"]},
+    "/": {"admin": ["jtegen"], "remote": ["jtegen"]},
     "/stocks": {"publish": ["feeds"], "subscribe": ["jtegen", "guest"]},
     "/stocks/open": {"subscribe": ["*"]},
     "/hr": {"subscribe": ["boss"], "reply": []},
@@ -56,6 +56,15 @@ def test_each_decision_in_the_session():
     assert wire(run(guest, [b"PUB MESSAGE /news A1\r\n\r\n.\r\n"])).startswith(b"200-OK")
     assert wire(run(guest, [b"PUB REPLY /hr/pay R1\r\nCmuid: jtegen/g/A1\r\n\r\n.\r\n"])) == \
         b"401 Unauthorized (no reply permission on /hr/pay)\r\n\r\n"
+    assert wire(run(guest, [b"SET TOPIC DELIVERY /news ONE\r\n"])) == \
+        b"401 Unauthorized (no admin permission on /news)\r\n\r\n"  # a queue parameter: the admin's
+
+
+def test_reaching_a_remote_server_is_a_right_of_its_own():
+    """Spec 6's sixth permission: only then does the server say it cannot (yet) reach one (501)."""
+    create = b"CREATE TOPIC /news/cnn > cnn.com:720/news\r\n"
+    assert wire(run(session_as("guest"), [create])) == b"401 Unauthorized (no remote permission on /news/cnn)\r\n\r\n"
+    assert wire(run(session_as("jtegen"), [create])).startswith(b"501")
 
 
 def test_listing_never_reveals_what_the_login_may_not_see():
