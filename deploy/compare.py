@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import time
@@ -44,7 +45,8 @@ from types import SimpleNamespace
 
 from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
-from deploy.compare_report import LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table
+from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
+                                   sink_stats)
 from deploy.stack import peak_memory_mb
 
 WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
@@ -106,7 +108,7 @@ def progress(text: str) -> None:
 
 def _run(workload: str, system, dest: str, args, say) -> asyncio.Future:
     if workload == "ingest":
-        return workloads.ingest(system, dest, args.ingest_messages, args.publishers, args.window, args.timeout, say)
+        return workloads.ingest(system, dest, args.ingest_messages, args.publishers, args.window, args.timeout)
     if workload == "latency":
         return workloads.paced(system, dest, args.latency_rate, args.latency_seconds, args.latency_grace,
                                max(1000, int(args.latency_rate * 2)), say)
@@ -191,37 +193,53 @@ async def run_workloads(systems: dict, args) -> dict:
     return results
 
 
-def job_batches(metrics_table: str, results: dict) -> dict:
-    """Our streaming job's micro-batches (its ``metrics`` Delta table) summed up per workload, over
-    the batches that started during one of our runs of it."""
+#: The sink's line per micro-batch in the job's log (streaming/sink.py), timestamped when the batch ended.
+SINK_LINE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO streaming\.sink: batch \d+: "
+                       r"(?P<records>\d+) records in, .* (?P<ms>\d+) ms \(spark (?P<spark_ms>\d+), "
+                       r"delta (?P<delta_ms>\d+)\)")
+
+
+def job_time(workdir: str, results: dict) -> dict:
+    """Where our streaming job's time went during each workload (the batches that started, or for
+    the sink ended, within one of our runs of it): Spark's phases from the job's ``metrics`` Delta
+    table, and the sink's own split (Spark / Delta / Kafka) from its log."""
     from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(metrics_table):
-        return {}
-    rows = DeltaTable(metrics_table).to_pyarrow_table().to_pylist()
-    for row in rows:
+    table = f"{workdir}/data/tables/metrics"
+    batches = DeltaTable(table).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(table) else []
+    for row in batches:
         stamp = row["timestamp"]
         row["at"] = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+    sink = []
+    with contextlib.suppress(OSError), open(f"{workdir}/job.log", errors="replace") as log:
+        for line in log:
+            if match := SINK_LINE.match(line):
+                fields = match.groupdict()
+                sink.append({"at": datetime.strptime(fields.pop("at"), "%Y-%m-%d %H:%M:%S").timestamp(),
+                             **{key: int(value) for key, value in fields.items()}})
     per_workload = {}
     for workload, per_system in results.items():
         spans = [(run["started"], run["started"] + run["wall_s"]) for run in per_system.get("smqp", ())
                  if "started" in run]
+        within = lambda rows: [r for r in rows if any(a <= r["at"] <= b for a, b in spans)]  # noqa: E731
         if spans:
-            per_workload[workload] = batch_stats([r for r in rows if any(a <= r["at"] <= b for a, b in spans)])
+            per_workload[workload] = {"batches": batch_stats(within(batches)), "sink": sink_stats(within(sink))}
     return per_workload
 
 
-def render_batches(per_workload: dict) -> str:
-    lines = ["| our job during | batches | rows / busy batch | batch p50 / p90 / max ms | share of batch time |",
-             "|---|---|---|---|---|"]
-    for workload, stats in per_workload.items():
+def render_job_time(per_workload: dict) -> str:
+    lines = ["| our job during | batches | rows / busy batch | batch p50 / p90 / max ms | share of batch time "
+             "| sink (addBatch): Spark / Delta / Kafka wait |", "|---|---|---|---|---|---|"]
+    for workload, both in per_workload.items():
+        stats, sink = both["batches"], both["sink"]
         if not stats:
             continue
         shares = ", ".join(f"{phase.removesuffix('_ms')} {pct:g} %" for phase, pct in
                            sorted(stats["phase_share_pct"].items(), key=lambda item: -item[1]) if pct >= 1)
+        split = f"{sink['spark_pct']:g} / {sink['delta_pct']:g} / {sink['kafka_wait_pct']:g} %" if sink else "-"
         lines.append(f"| {workload} | {stats['batches']} | {stats['rows_per_busy_batch']:,} | "
                      f"{stats['batch_ms_p50']:,.0f} / {stats['batch_ms_p90']:,.0f} / {stats['batch_ms_max']:,.0f} | "
-                     f"{shares}, other {stats['other_pct']:g} % |")
+                     f"{shares}, other {stats['other_pct']:g} % | {split} |")
     return "\n".join(lines)
 
 
@@ -273,8 +291,16 @@ def measure_all(args) -> dict:
         "versions": versions, "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "peak_memory_mb": peaks, "results": results,
         # after the stop: the job has flushed its last micro-batches' metrics
-        "smqp_job_batches": job_batches(smqp.stack.config.table_path("metrics"), results) if smqp else {},
+        "smqp_job_time": _job_time(smqp.stack.workdir, results) if smqp else {},
     }
+
+
+def _job_time(workdir: str, results: dict) -> dict:
+    try:
+        return job_time(workdir, results)
+    except Exception as error:  # noqa: BLE001 - the measurements stand without it
+        progress(f"could not read where our job's time went: {error}")
+        return {}
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") -> int:
@@ -285,6 +311,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
     except KeyboardInterrupt:
         progress("interrupted; the servers are stopped")
         return 130
+    write_json(args.json, report)  # the measurements are safe before anything is computed from them
     settings = {"publishers": args.publishers, "latency_rate": args.latency_rate,
                 "fanout_subscribers": args.fanout_subscribers, "backlog": f"{args.backlog:,}"}
     results = report["results"]
@@ -292,13 +319,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
     report["rows"] = rows = (comparison_rows(results, settings)
                              + memory_rows(report["peak_memory_mb"], soak, args.flat_tolerance))
     print("\n" + render_table(rows))
-    job = report["smqp_job_batches"]
-    if any(job.values()):
-        print("\nWhere our streaming job's time went (its metrics table, per workload):\n" + render_batches(job))
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(jsonable(report), indent=2, default=str))
+    if any(both["batches"] for both in report["smqp_job_time"].values()):
+        print("\nWhere our streaming job's time went, per workload (its metrics table and log):\n"
+              + render_job_time(report["smqp_job_time"]))
+    write_json(args.json, report)
     print(f"\nwritten to {args.json}")
     return 0
+
+
+def write_json(path: str, report: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(jsonable(report), indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -85,8 +85,23 @@ def batch_stats(batches: Sequence[Mapping]) -> dict | None:
         "batch_ms_max": max(durations),
         "add_batch_ms_p50": percentile([b.get("add_batch_ms") or 0 for b in batches], 0.5),
         "phase_share_pct": shares,
-        "other_pct": round(100 - sum(shares.values()), 1),
+        "other_pct": max(0.0, round(100 - sum(shares.values()), 1)),
     }
+
+
+def sink_stats(batches: Sequence[Mapping]) -> dict | None:
+    """How the job's foreachBatch sink (Spark's ``addBatch``) split its time, from its per-batch log
+    lines: ``ms`` in all; ``spark_ms`` reading the batch and computing the routing outputs;
+    ``delta_ms`` handing the deliveries to the Kafka producer and committing the Delta tables; the
+    rest is waiting for Kafka to acknowledge them."""
+    if not batches:
+        return None
+    total = sum(b["ms"] for b in batches) or 1
+    spark, delta = (sum(b[key] for b in batches) for key in ("spark_ms", "delta_ms"))
+    return {"batches": len(batches), "records": sum(b["records"] for b in batches),
+            "sink_ms_p50": percentile([b["ms"] for b in batches], 0.5),
+            "spark_pct": round(100 * spark / total, 1), "delta_pct": round(100 * delta / total, 1),
+            "kafka_wait_pct": max(0.0, round(100 * (total - spark - delta) / total, 1))}
 
 
 @dataclass(frozen=True)

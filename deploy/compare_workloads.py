@@ -123,12 +123,10 @@ async def publish_many(system: System, dest: str, messages: int, publishers: int
             await client.close()
 
 
-async def ingest(system: System, dest: str, messages: int, publishers: int, window: int, timeout: float,
-                 progress: Progress) -> dict:
+async def ingest(system: System, dest: str, messages: int, publishers: int, window: int, timeout: float) -> dict:
     """Acknowledged publishes to one destination nobody consumes from, msgs/s."""
     await system.create(dest, 0)
     seconds = await publish_many(system, dest, messages, publishers, window, timeout)
-    progress(f"{round(messages / seconds):,} msg/s")
     await system.cleanup(dest)
     return {"published": messages, "seconds": round(seconds, 2), "msgs_per_s": round(messages / seconds)}
 

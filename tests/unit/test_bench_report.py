@@ -12,6 +12,7 @@ from deploy.compare_report import (
     percentile,
     render_table,
     rss_growth,
+    sink_stats,
     summarize,
 )
 
@@ -123,3 +124,11 @@ def test_batch_time_is_split_into_phase_shares():
     assert stats["phase_share_pct"]["add_batch_ms"] == 60.0  # 720 of 1200 ms
     assert stats["other_pct"] == 7.5  # 90 of the 1,200 ms are in no named phase
     assert batch_stats([]) is None
+
+
+def test_sink_time_is_split_into_spark_delta_and_the_kafka_wait():
+    stats = sink_stats([{"records": 900, "ms": 1000, "spark_ms": 800, "delta_ms": 150},
+                        {"records": 100, "ms": 600, "spark_ms": 500, "delta_ms": 50}])
+    assert stats["records"] == 1000 and stats["sink_ms_p50"] == 600
+    assert (stats["spark_pct"], stats["delta_pct"], stats["kafka_wait_pct"]) == (81.2, 12.5, 6.2)
+    assert sink_stats([]) is None
