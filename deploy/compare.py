@@ -41,7 +41,7 @@ import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Awaitable
 
 from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
@@ -58,7 +58,7 @@ QUICK = dict(runs=1, ingest_messages=2000, latency_seconds=10.0, latency_grace=2
              backlog=2000, soak_minutes=1.0, cooldown=2.0)
 
 
-def parse_args(argv: list[str] | None, prog: str) -> SimpleNamespace:
+def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None, prog: str) -> SimpleNamespace:
             setattr(args, key, value)
     args.workloads = _choices(parser, "--workloads", args.workloads, WORKLOADS)
     args.systems = _choices(parser, "--systems", args.systems, SYSTEMS)
-    return SimpleNamespace(**vars(args))
+    return args
 
 
 def _choices(parser: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
@@ -106,10 +106,11 @@ def progress(text: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {text}", flush=True)
 
 
-def _run(workload: str, system, dest: str, args, say) -> asyncio.Future:
+def _run(workload: str, system, dest: str, args, say) -> Awaitable[dict]:
     if workload == "ingest":
         return workloads.ingest(system, dest, args.ingest_messages, args.publishers, args.window, args.timeout)
     if workload == "latency":
+        # up to 2 s of publishes unacknowledged before the offered rate gives way
         return workloads.paced(system, dest, args.latency_rate, args.latency_seconds, args.latency_grace,
                                max(1000, int(args.latency_rate * 2)), say)
     if workload == "fanout":
@@ -119,19 +120,24 @@ def _run(workload: str, system, dest: str, args, say) -> asyncio.Future:
 
 
 def headline(workload: str, result: dict) -> str:
+    """One run's figures in a line of progress output."""
     if "error" in result:
         return f"FAILED: {result['error']}"
-    if result.get("settled_after_s"):
-        return f"{headline(workload, {**result, 'settled_after_s': None})}; job done {result['settled_after_s']} s later"
     if workload == "ingest":
-        return f"{result['msgs_per_s']:,} msg/s"
-    if workload == "latency":
-        return (f"p50 {result['p50_ms']} / p90 {result['p90_ms']} / p99 {result['p99_ms']} ms; offered "
+        text = f"{result['msgs_per_s']:,} msg/s"
+    elif workload == "latency":
+        text = (f"p50 {result['p50_ms']} / p90 {result['p90_ms']} / p99 {result['p99_ms']} ms; offered "
                 f"{result['offered_per_s']:,}/s, delivered {result['delivered']:,} of {result['sent']:,} "
                 f"({result['delivered_per_s']:,}/s)")
-    if workload == "fanout":
-        return f"{result['deliveries_per_s']:,} deliveries/s ({result['deliveries']:,} of {result['deliveries_expected']:,})"
-    return f"{result['msgs_per_s']:,} msg/s ({result['delivered']:,} of {result['backlog']:,})"
+    elif workload == "fanout":
+        text = f"{result['deliveries_per_s']:,} deliveries/s ({result['deliveries']:,} of {result['deliveries_expected']:,})"
+    else:
+        text = f"{result['msgs_per_s']:,} msg/s ({result['delivered']:,} of {result['backlog']:,})"
+    if "ack_cycle_ms_mean" in result:
+        text += f"; NOTIFY -> 310 ACK cycle {result['ack_cycle_ms_mean']} ms"
+    if result.get("settled_after_s"):
+        text += f"; job done {result['settled_after_s']} s later"
+    return text
 
 
 async def _ack_cycle(system) -> dict:

@@ -65,6 +65,12 @@ class System(Protocol):
 
     async def cleanup(self, dest: str) -> None: ...
 
+    async def observe(self) -> dict:
+        """Cumulative server-side counters worth a per-run difference (ours: the NOTIFY -> ACK cycle)."""
+
+    def processes(self) -> dict[str, int]:
+        """The server's processes to watch for memory: name -> pid (descendants included)."""
+
 
 def stamped_body() -> bytes:
     head = f"{time.monotonic_ns()} ".encode()
@@ -206,6 +212,25 @@ async def paced(system: System, dest: str, rate: float, seconds: float, grace: f
             **latency_summary(state.latencies, state.sent)}
 
 
+@dataclass
+class _Tally:
+    """What one subscriber received and acknowledged, and when the last one was."""
+
+    received: int = 0
+    last: float = 0.0
+
+    async def take(self, client: Subscriber, wanted: int, deadline: float) -> None:
+        """Receive and acknowledge until ``wanted`` or ``deadline`` (monotonic)."""
+        while self.received < wanted and (left := deadline - time.monotonic()) > 0:
+            try:
+                delivery = await client.receive(min(left, 0.5))
+            except (asyncio.TimeoutError, TimeoutError):
+                continue
+            await delivery.ack()
+            self.received += 1
+            self.last = time.monotonic()
+
+
 async def fanout(system: System, dest: str, subscribers: int, messages: int, window: int, timeout: float,
                  progress: Progress) -> dict:
     """One publisher, ``subscribers`` online subscribers each acknowledging every message: deliveries
@@ -213,37 +238,24 @@ async def fanout(system: System, dest: str, subscribers: int, messages: int, win
     names = await system.create(dest, subscribers)
     clients = [await system.subscriber(dest, name) for name in names]
     publisher = await system.publisher(dest)
-    counts = [0] * subscribers
-    last = [0.0]
+    tallies = [_Tally() for _ in clients]
+    published = None  # stays None unless every publish was acknowledged in time
     started = time.monotonic()
-    deadline = started + timeout
-
-    async def consume(index: int, client: Subscriber) -> None:
-        while counts[index] < messages and (left := deadline - time.monotonic()) > 0:
-            try:
-                delivery = await client.receive(min(left, 0.5))
-            except (asyncio.TimeoutError, TimeoutError):
-                continue
-            await delivery.ack()
-            counts[index] += 1
-            last[0] = time.monotonic()
-
     try:
-        async with reporting(progress, lambda: f"{sum(counts):,} of {subscribers * messages:,} deliveries"):
-            consumers = [asyncio.create_task(consume(i, c)) for i, c in enumerate(clients)]
-            try:
+        status = lambda: f"{sum(t.received for t in tallies):,} of {subscribers * messages:,} deliveries"  # noqa: E731
+        async with reporting(progress, status):
+            consumers = [asyncio.create_task(t.take(c, messages, started + timeout)) for t, c in zip(tallies, clients)]
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(_pump(publisher, messages, window), timeout)
                 published = messages
-            except (asyncio.TimeoutError, TimeoutError):
-                published = None  # not all acknowledged in time
             await asyncio.gather(*consumers)
     finally:
         await publisher.close()
         for client in clients:
             await client.close()
     await system.cleanup(dest)
-    delivered = sum(counts)
-    seconds = last[0] - started if delivered else timeout
+    delivered = sum(t.received for t in tallies)
+    seconds = max(t.last for t in tallies) - started if delivered else timeout
     return {"subscribers": subscribers, "published": published, "deliveries_expected": subscribers * messages,
             "deliveries": delivered, "seconds": round(seconds, 2), "deliveries_per_s": round(delivered / seconds)}
 
@@ -256,27 +268,19 @@ async def drain(system: System, dest: str, backlog: int, publishers: int, window
     publish_s = await publish_many(system, dest, backlog, publishers, window, timeout)
     stored_s = await system.settle(dest, backlog, timeout)
     progress(f"backlog of {backlog:,} published in {publish_s:.1f} s, stored {stored_s:.1f} s later; draining ...")
-    received = 0
+    tally = _Tally()
     started = time.monotonic()
-    deadline = started + timeout
-    last = started
     client = await system.subscriber(dest, name)
     try:
-        async with reporting(progress, lambda: f"{received:,} of {backlog:,} delivered"):
-            while received < backlog and (left := deadline - time.monotonic()) > 0:
-                try:
-                    delivery = await client.receive(min(left, 0.5))
-                except (asyncio.TimeoutError, TimeoutError):
-                    continue
-                await delivery.ack()
-                received += 1
-                last = time.monotonic()
+        async with reporting(progress, lambda: f"{tally.received:,} of {backlog:,} delivered"):
+            await tally.take(client, backlog, started + timeout)
     finally:
         await client.close()
     await system.cleanup(dest)
-    seconds = last - started if received else timeout
-    return {"backlog": backlog, "published": backlog, "publish_s": round(publish_s, 1), "stored_after_s": round(stored_s, 1),
-            "delivered": received, "seconds": round(seconds, 2), "msgs_per_s": round(received / seconds)}
+    seconds = tally.last - started if tally.received else timeout
+    return {"backlog": backlog, "published": backlog, "publish_s": round(publish_s, 1),
+            "stored_after_s": round(stored_s, 1), "delivered": tally.received, "seconds": round(seconds, 2),
+            "msgs_per_s": round(tally.received / seconds)}
 
 
 async def soak(system: System, dest: str, processes: dict[str, int], minutes: float, rate: float,
