@@ -157,9 +157,11 @@ def comparison_rows(results: Mapping[str, Mapping[str, Sequence[Mapping]]], sett
             met = ratio >= figure.ratio_at_least
         elif figure.at_most is not None and ours is not None:
             met = ours <= figure.at_most
+        failed = {system: sum("error" in run for run in runs.get(system, ())) for system in SYSTEMS}
         rows.append({"figure": figure.label.format(**settings), "unit": figure.unit,
                      "higher_is_better": figure.higher_is_better, **per_system,
-                     "ratio": round(ratio, 3) if ratio is not None else None, "target": figure.target, "met": met})
+                     "ratio": round(ratio, 3) if ratio is not None else None, "target": figure.target, "met": met,
+                     "failed_runs": {system: n for system, n in failed.items() if n}})
     return rows
 
 
@@ -192,13 +194,18 @@ def memory_rows(peaks: Mapping[str, Mapping[str, float]], soak: Mapping[str, Map
 
 
 def render_table(rows: Sequence[Mapping]) -> str:
-    """The rows as a Markdown table: median (min-max) per system, ratio, target, met."""
+    """The rows as a Markdown table: median (min-max) per system and how many of its runs failed,
+    ratio, target, met."""
     lines = ["| figure | ours | RabbitMQ | ours / RabbitMQ | target | met |", "|---|---|---|---|---|---|"]
     for row in rows:
         cells = [f"{row['figure']} ({row['unit']})"]
         for system in SYSTEMS:
-            cells.append(_spread(row.get(system)) + (f" [{row['detail']}]" if row.get("detail") and
-                                                     row.get(system) else ""))
+            cell = _spread(row.get(system))
+            if row.get("detail") and row.get(system):
+                cell += f" [{row['detail']}]"
+            if failed := row.get("failed_runs", {}).get(system):
+                cell += f" ({failed} run{'s' * (failed > 1)} failed)"
+            cells.append(cell)
         cells.append(f"{row['ratio']:.2f}x" if row.get("ratio") is not None else "-")
         cells.append(row.get("target") or "")
         cells.append({True: "yes", False: "NO", None: ""}[row.get("met")])

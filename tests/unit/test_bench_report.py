@@ -105,6 +105,9 @@ def test_table_shows_median_spread_ratio_and_verdict():
     assert "| fan-out: 1 topic -> 10 subscribers, acked deliveries (deliveries/s) | 2,700 (2,000-3,000) | 13,500 " \
            "| 0.20x | >= 1x RabbitMQ | NO |" in table
     assert "| not delivered | 1.9 |" in table
+    failed = comparison_rows({"drain": {"smqp": [{"error": "SMQPError: 503"}, {"msgs_per_s": 20}],
+                                        "rabbitmq": [{"msgs_per_s": 2700}]}}, SETTINGS)
+    assert "| 20 (1 run failed) | 2,700 |" in render_table(failed)
 
 
 def test_json_has_no_infinity():
