@@ -196,6 +196,11 @@ async def run_workloads(systems: dict, args) -> dict:
         wall_s = round(time.time() - started, 1)
         results["soak"] = {name: [{"error": f"{type(s).__name__}: {s}"} if isinstance(s, BaseException) else
                                   {**s, "started": started, "wall_s": wall_s}] for name, s in zip(systems, soaks)}
+        for name, [result] in results["soak"].items():
+            growth = ", ".join(f"{process} {g['first_mb']:,.0f} -> {g['last_mb']:,.0f} MiB ({g['growth_pct']:+.1f} %)"
+                               for process, g in result.get("rss_growth", {}).items() if g)
+            progress(f"  {LABELS[name]}: soak " + (f"FAILED: {result['error']}" if "error" in result else
+                                                   f"RSS first -> last minute: {growth}"))
     return results
 
 
@@ -205,19 +210,18 @@ SINK_LINE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO stream
                        r"delta (?P<delta_ms>\d+)\)")
 
 
-def job_time(workdir: str, results: dict) -> dict:
+def job_time(table: str, job_log: str, results: dict) -> dict:
     """Where our streaming job's time went during each workload (the batches that started, or for
     the sink ended, within one of our runs of it): Spark's phases from the job's ``metrics`` Delta
-    table, and the sink's own split (Spark / Delta / Kafka) from its log."""
+    ``table``, and the sink's own split (Spark / Delta / Kafka) from its log."""
     from deltalake import DeltaTable
 
-    table = f"{workdir}/data/tables/metrics"
     batches = DeltaTable(table).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(table) else []
     for row in batches:
         stamp = row["timestamp"]
         row["at"] = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
     sink = []
-    with contextlib.suppress(OSError), open(f"{workdir}/job.log", errors="replace") as log:
+    with contextlib.suppress(OSError), open(job_log, errors="replace") as log:
         for line in log:
             if match := SINK_LINE.match(line):
                 fields = match.groupdict()
@@ -297,13 +301,13 @@ def measure_all(args) -> dict:
         "versions": versions, "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "peak_memory_mb": peaks, "results": results,
         # after the stop: the job has flushed its last micro-batches' metrics
-        "smqp_job_time": _job_time(smqp.stack.workdir, results) if smqp else {},
+        "smqp_job_time": _job_time(smqp.stack, results) if smqp else {},
     }
 
 
-def _job_time(workdir: str, results: dict) -> dict:
+def _job_time(stack, results: dict) -> dict:
     try:
-        return job_time(workdir, results)
+        return job_time(stack.config.table_path("metrics"), f"{stack.workdir}/job.log", results)
     except Exception as error:  # noqa: BLE001 - the measurements stand without it
         progress(f"could not read where our job's time went: {error}")
         return {}
