@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
         return 130
     write_json(args.json, report)  # the measurements are safe before anything is computed from them
     settings = {"publishers": args.publishers, "latency_rate": args.latency_rate,
-                "fanout_subscribers": args.fanout_subscribers, "backlog": f"{args.backlog:,}"}
+                "fanout_subscribers": args.fanout_subscribers, "backlog": f"{args.backlog:,}",
+                "soak_rate": args.soak_rate}
     results = report["results"]
     soak = {name: runs[0].get("rss_growth", {}) for name, runs in results.get("soak", {}).items()}
     report["rows"] = rows = (comparison_rows(results, settings)

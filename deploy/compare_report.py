@@ -137,6 +137,9 @@ FIGURES = (
            "deliveries/s", True, ratio_at_least=1.0),
     Figure("drain", "msgs_per_s", "backlog drain: {backlog} queued -> 1 reconnecting subscriber", "msg/s", True,
            ratio_at_least=1.0),
+    # a soak whose subscriber falls behind grows a backlog: its memory growth is not only a leak
+    Figure("soak", "delivered_pct", "soak at {soak_rate:g} msg/s: its messages delivered by its end (+30 s)", "%",
+           True),
 )
 
 

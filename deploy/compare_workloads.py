@@ -308,7 +308,8 @@ async def soak(system: System, dest: str, processes: dict[str, int], minutes: fl
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
-    return {"minutes": minutes, "rate": rate, "messages_delivered": load["delivered"], "load": load,
+    return {"minutes": minutes, "rate": rate, "messages_delivered": load["delivered"],
+            "delivered_pct": round(100 * load["delivered"] / load["sent"], 1) if load["sent"] else 0.0, "load": load,
             "rss_growth": {name: rss_growth(points) for name, points in samples.items()},
             "rss_samples": {name: [(round(t, 1), mb) for t, mb in points] for name, points in samples.items()}}
 

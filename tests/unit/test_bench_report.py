@@ -16,7 +16,7 @@ from deploy.compare_report import (
     summarize,
 )
 
-SETTINGS = {"publishers": 8, "latency_rate": 1000, "fanout_subscribers": 10, "backlog": "50,000"}
+SETTINGS = {"publishers": 8, "latency_rate": 1000, "fanout_subscribers": 10, "backlog": "50,000", "soak_rate": 200}
 
 
 def test_percentiles_are_nearest_rank():
