@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     add = parser.add_argument
     add("--quick", action="store_true",
         help="smoke run: 1 run each, short durations, small backlog, 1-minute soak")
-    add("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)} (default all)")
+    add("--workloads", default=",".join(WORKLOADS),
+        help=f"comma-separated subset of {','.join(WORKLOADS)} (default all)")
     add("--systems", default=",".join(SYSTEMS), help="comma-separated: smqp (ours), rabbitmq (default both)")
     add("--runs", type=int, help="runs per workload and system (default 3; quick 1)")
     add("--publishers", type=int, default=8, help="ingest and backlog: concurrent publishers (default 8)")
@@ -130,7 +131,8 @@ def headline(workload: str, result: dict) -> str:
                 f"{result['offered_per_s']:,}/s, delivered {result['delivered']:,} of {result['sent']:,} "
                 f"({result['delivered_per_s']:,}/s)")
     elif workload == "fanout":
-        text = f"{result['deliveries_per_s']:,} deliveries/s ({result['deliveries']:,} of {result['deliveries_expected']:,})"
+        text = (f"{result['deliveries_per_s']:,} deliveries/s "
+                f"({result['deliveries']:,} of {result['deliveries_expected']:,})")
     else:
         text = f"{result['msgs_per_s']:,} msg/s ({result['delivered']:,} of {result['backlog']:,})"
     if "ack_cycle_ms_mean" in result:
@@ -187,7 +189,8 @@ async def run_workloads(systems: dict, args) -> dict:
                 await asyncio.sleep(args.cooldown)
     if "soak" in args.workloads:
         progress(f"soak: {args.soak_rate:g} msg/s for {args.soak_minutes:g} min on "
-                 f"{' and '.join(LABELS[n] for n in systems)} at once, sampling RSS every {args.sample_seconds:g} s ...")
+                 f"{' and '.join(LABELS[n] for n in systems)} at once, "
+                 f"sampling RSS every {args.sample_seconds:g} s ...")
         started = time.time()
         soaks = await asyncio.gather(*(
             workloads.soak(system, "soak", system.processes(), args.soak_minutes, args.soak_rate, args.sample_seconds,

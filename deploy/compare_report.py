@@ -191,7 +191,8 @@ def memory_rows(peaks: Mapping[str, Mapping[str, float]], soak: Mapping[str, Map
                           growth["growth_mb"])
             row.update(target=f"flat (<= {flat_pct:g} %)",
                        met=growth["growth_pct"] <= flat_pct if _finite(growth["growth_pct"]) else None,
-                       detail=f"{growth['first_mb']:.0f} -> {growth['last_mb']:.0f} MiB ({growth['growth_pct']:+.1f} %)")
+                       detail=(f"{growth['first_mb']:.0f} -> {growth['last_mb']:.0f} MiB "
+                               f"({growth['growth_pct']:+.1f} %)"))
             rows.append(row)
     return rows
 

@@ -122,7 +122,8 @@ def _await_startup(server: RabbitServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if server.process.poll() is not None:
-            raise RuntimeError(f"rabbitmq-server exited with {server.process.returncode}; see {server.workdir}/server.log")
+            raise RuntimeError(f"rabbitmq-server exited with {server.process.returncode}; "
+                               f"see {server.workdir}/server.log")
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"RabbitMQ did not start within {timeout:g} s; see {server.workdir}/server.log")
