@@ -1,9 +1,9 @@
 """The whole engine as child processes on 127.0.0.1, for scripts (benchmark, soak run).
 
 ``running_stack(accounts)`` starts the dev broker, the streaming job and one
-gateway (each its own process, logs in a work directory), yields a
-:class:`Stack`, and stops them all (SIGTERM, then SIGKILL) however the block
-ends.
+gateway (each its own process, logs in a work directory; the gateway's
+Prometheus page on ``config.gateway.status_port``), yields a :class:`Stack`,
+and stops them all (SIGTERM, then SIGKILL) however the block ends.
 """
 
 from __future__ import annotations
@@ -34,19 +34,29 @@ class Stack:
         return self.config.gateway.host, self.config.gateway.port
 
 
-def peak_memory_mb(pid: int) -> float:
-    """Peak resident memory (VmHWM) of ``pid`` and all its descendants (the job's JVM), in MiB."""
+def _tree_status_kb(pid: int, field: str) -> int:
+    """``field`` of /proc/<pid>/status (a ``kB`` figure) summed over ``pid`` and all its descendants."""
     total_kb = 0
     pending = [pid]
     while pending:
         current = pending.pop()
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     total_kb += int(line.split()[1])
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(child) for child in (task / "children").read_text().split()]
-    return round(total_kb / 1024, 1)
+    return total_kb
+
+
+def peak_memory_mb(pid: int) -> float:
+    """Peak resident memory (VmHWM) of ``pid`` and all its descendants (the job's JVM), in MiB."""
+    return round(_tree_status_kb(pid, "VmHWM") / 1024, 1)
+
+
+def resident_memory_mb(pid: int) -> float:
+    """Resident memory now (VmRSS) of ``pid`` and all its descendants, in MiB."""
+    return round(_tree_status_kb(pid, "VmRSS") / 1024, 1)
 
 
 @contextlib.contextmanager
@@ -57,14 +67,14 @@ def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Ite
     children: dict[str, subprocess.Popen] = {}
     try:
         config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
-                             gateway={"port": free_port()})
+                             gateway={"port": free_port(), "status_port": free_port()})
         create_topics(config.kafka)
         config_file = Path(workdir, "smqp.toml")
         config_file.write_text("[accounts]\n" + "".join(
             f'{name} = "{hash_password(password, iterations=iterations)}"\n' for name, password in accounts.items()))
         env = dict(os.environ, SMQP_CONFIG=str(config_file), SMQP_DATA_DIR=config.data_dir,
                    SMQP_KAFKA_BOOTSTRAP=broker.bootstrap, SMQP_GATEWAY_PORT=str(config.gateway.port),
-                   PYSPARK_PYTHON=sys.executable)
+                   SMQP_GATEWAY_STATUS_PORT=str(config.gateway.status_port), PYSPARK_PYTHON=sys.executable)
         for name, module in (("job", "streaming.job"), ("gateway", "gateway.server")):
             children[name] = subprocess.Popen([sys.executable, "-m", module], env=env,
                                               stdout=open(f"{workdir}/{name}.log", "wb"),
