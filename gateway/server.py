@@ -536,6 +536,9 @@ class Gateway:
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
+        # accounts whose last login here ended (until they log in here again): DELIVERY ONE
+        # messages routed to them are NACKed at once, so the job offers them to someone present
+        self.departed: set[str] = set()
         self.connections: set[Connection] = set()
         self.log: DurableLog | None = None
         self.tail: DeliveriesTail | None = None
@@ -690,7 +693,11 @@ class Gateway:
     def _on_deliveries(self, events: list) -> None:
         for event in events:
             deliver = self.book.apply(event)
-            if deliver is not None:
+            if deliver is not None and deliver.delivery == "one" and deliver.account in self.departed:
+                # routed to a subscriber whose last login here has ended: let the job hand it on
+                self.nack(deliver.account, "", deliver, self.queue_params(deliver.topic).max_retries,
+                          reason="disconnect")
+            elif deliver is not None:
                 for connection in self.sessions.get(deliver.account, ()):
                     connection.queue.push(deliver)
                     connection.send_next()
@@ -713,6 +720,7 @@ class Gateway:
         account = connection.session.account
         connection.queue = self.book.queue_for_login(account)
         self.sessions[account].append(connection)
+        self.departed.discard(account)
         connection.send_next()
 
     def unregister(self, connection: Connection) -> None:
@@ -723,6 +731,7 @@ class Gateway:
         if account and connection in self.sessions.get(account, ()):
             self.sessions[account].remove(connection)
             if not self.sessions[account]:
+                self.departed.add(account)
                 for deliver in self.book.locked_to(account):
                     self.nack(account, connection.session.guid, deliver,
                               self.queue_params(deliver.topic).max_retries, reason="disconnect")
