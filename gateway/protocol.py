@@ -1584,7 +1584,7 @@ class Session:
         """
         params = self._queue_params(topic)
         size = sum(len(section.data) for section in sections)
-        limit = params.max_message_bytes or self._config.max_message_bytes
+        limit = self._message_limit(topic)
         if size > limit:
             return Reply.error(ENTITY_TOO_LARGE, f"more than {limit} data bytes")
         messages, queued_bytes = self._queued(topic)

@@ -414,10 +414,9 @@ class Connection:
         self.retry = None
         if self.closing or self.in_flight is not deliver or self.acking:
             return
-        max_retries = self.gateway.queue_params(deliver.topic).max_retries
         self.retries += 1
-        self.gateway.nack(self.session.account, self.session.guid, deliver, max_retries)
-        if self.retries <= max_retries:
+        self.gateway.nack(self.session.account, self.session.guid, deliver)
+        if self.retries <= self.gateway.queue_params(deliver.topic).max_retries:
             self.notify(self.session.notify_again(deliver))
             self._arm(deliver)
 
@@ -695,8 +694,7 @@ class Gateway:
             deliver = self.book.apply(event)
             if deliver is not None and deliver.delivery == "one" and deliver.account in self.departed:
                 # routed to a subscriber whose last login here has ended: let the job hand it on
-                self.nack(deliver.account, "", deliver, self.queue_params(deliver.topic).max_retries,
-                          reason="disconnect")
+                self.nack(deliver.account, "", deliver, reason="disconnect")
             elif deliver is not None:
                 for connection in self.sessions.get(deliver.account, ()):
                     connection.queue.push(deliver)
@@ -705,13 +703,14 @@ class Gateway:
                 for connection in self.sessions.get(event.account, ()):
                     connection.withdraw(event.smuid)
 
-    def nack(self, account: str, guid: str, deliver: Deliver, max_retries: int, reason: str = "timeout") -> None:
+    def nack(self, account: str, guid: str, deliver: Deliver, reason: str = "timeout") -> None:
         """Append a NACK of ``deliver`` (its NOTIFY went unacknowledged, or its subscriber left)
-        for the job to count or reassign.
+        for the job to count or reassign, stamped with its topic's ``max_retries``.
 
         Best effort: a NACK lost to a Kafka outage only delays the Trash by one retry."""
         event = Nack(account=account, guid=guid or "", smuid=deliver.smuid,
-                     accepted_at=int(time.time() * 1_000_000), max_retries=max_retries, reason=reason)
+                     accepted_at=int(time.time() * 1_000_000),
+                     max_retries=self.queue_params(deliver.topic).max_retries, reason=reason)
         future = self.log.append(account.encode("utf-8"), event.to_bytes(), immediate=True)
         future.add_done_callback(lambda done: done.exception() and log.warning(
             "NACK of %s for %s not appended: %s", deliver.smuid, account, done.exception()))
@@ -733,8 +732,7 @@ class Gateway:
             if not self.sessions[account]:
                 self.departed.add(account)
                 for deliver in self.book.locked_to(account):
-                    self.nack(account, connection.session.guid, deliver,
-                              self.queue_params(deliver.topic).max_retries, reason="disconnect")
+                    self.nack(account, connection.session.guid, deliver, reason="disconnect")
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""

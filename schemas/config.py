@@ -127,12 +127,6 @@ class SMQPConfig:
 
         TopicSettings(self.topics)  # a bad [topics."/…"] entry fails at start-up, naming itself
 
-    def queue(self, topic: str):
-        """The effective :class:`schemas.queue_params.QueueParameters` of ``topic``."""
-        from schemas.queue_params import TopicSettings
-
-        return TopicSettings(self.topics).resolve(topic)
-
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""
         return str(Path(self.data_dir, "tables", name).absolute())

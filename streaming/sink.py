@@ -379,13 +379,13 @@ class CommandSink:
             arrow = schema.empty_table()
         return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)
 
-    def expiry_candidates(self, now: int | None) -> pa.Table:
+    def expiry_candidates(self, now: int | None, deliveries: DeltaTable | None = None) -> pa.Table:
         """Stored deliveries (:data:`routing.PENDING`) still ``pending`` (``deliveries``) or ``unrouted``
         (the ``unrouted`` table) whose message expires at or before ``now``.
 
         Reads only those rows: delta-rs prunes files by their ``status`` and
         ``expires_at`` statistics, so rows already settled and messages that
-        expire later mostly cost nothing.
+        expire later mostly cost nothing.  ``deliveries``: the table, when the batch opened it already.
         """
         schema = arrow_schema(routing.PENDING)
         if now is None:
@@ -394,23 +394,23 @@ class CommandSink:
         # dataset filters cannot compare with the table's string statistics.
         columns = ", ".join(schema.names)
         where = f"WHERE status IN ('pending', 'unrouted') AND expires_at <= to_timestamp_micros({int(now)})"
-        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+        reader = (QueryBuilder().register("deliveries", deliveries or self._table("deliveries"))
                   .register("unrouted", self._table("unrouted"))
                   .execute(f"SELECT {columns} FROM deliveries {where} UNION ALL SELECT {columns} FROM unrouted {where}"))
         return pa.table(reader).cast(schema)
 
-    def retry_candidates(self, keys: list[tuple[str, int]]) -> pa.Table:
+    def retry_candidates(self, deliveries: DeltaTable, keys: list[tuple[str, int]]) -> pa.Table:
         """The stored ``deliveries`` rows (:data:`routing.RETRYING`) of the messages the NACKed
         ``keys`` name, every account's (who held a DELIVERY ONE message before)."""
         schema = arrow_schema(routing.RETRYING)
         if not keys:
             return schema.empty_table()
         smuids = ", ".join(str(int(smuid)) for smuid in sorted({smuid for _, smuid in keys}))
-        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+        reader = (QueryBuilder().register("deliveries", deliveries)
                   .execute(f"SELECT account, smuid, status, retries, delivery FROM deliveries WHERE smuid IN ({smuids})"))
         return pa.table(reader).cast(schema)
 
-    def receipt_state(self, smuids: list[int]) -> pa.Table:
+    def receipt_state(self, deliveries: DeltaTable, smuids: list[int]) -> pa.Table:
         """Every stored delivery (:data:`routing.RECEIPT_STATE`) of those of ``smuids`` that asked for
         a receipt.  delta-rs prunes by the ``receipt`` statistics: files of messages that asked for
         none (most) cost nothing."""
@@ -418,7 +418,7 @@ class CommandSink:
         if not smuids:
             return schema.empty_table()
         listed = ", ".join(str(int(smuid)) for smuid in smuids)
-        reader = (QueryBuilder().register("deliveries", self._table("deliveries"))
+        reader = (QueryBuilder().register("deliveries", deliveries)
                   .execute("SELECT account, smuid, status, receipt FROM deliveries "
                            f"WHERE receipt IN ('one', 'all') AND smuid IN ({listed})"))
         return pa.table(reader).cast(schema)
@@ -464,9 +464,11 @@ class CommandSink:
         spark = batch_df.sparkSession
         arrow_records = batch_df.toArrow() if records is None else records
         now = batch_now(arrow_records)
-        pending = self.expiry_candidates(now)
-        retrying = self.retry_candidates(nacked_keys(arrow_records))
-        state = self.receipt_state(sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
+        deliveries = self._table("deliveries")  # opened once for the batch's three reads of it
+        pending = self.expiry_candidates(now, deliveries)
+        retrying = self.retry_candidates(deliveries, nacked_keys(arrow_records))
+        state = self.receipt_state(deliveries,
+                                   sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
         concerned = sorted(set(state.column("smuid").to_pylist()))
         receipted = self.receipted(concerned)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())

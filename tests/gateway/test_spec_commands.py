@@ -14,6 +14,7 @@ from gateway.message_store import StoredMessage
 from gateway.protocol import ConnectNotify, Control, Send, Wake, format_ranges, parse_ranges
 from gateway.registry import SubscribersChanged, TopicChanged
 from schemas.events import CreateTopic, Deliver, RemoveTopic, Section, SetLogin, Subscribe
+from schemas.queue_params import TopicSettings
 
 from tests.gateway.test_feeding import (
     feed_three_ways,
@@ -849,7 +850,7 @@ def test_per_topic_message_size_and_queue_limits():
     queued = {"/stocks/quotes/ibm": (1, 12), "/stocks/quotes/msft": (2, 10)}
 
     def factory():
-        session = make_session(make_config(max_message_bytes=16), queue_params=config.queue,
+        session = make_session(make_config(max_message_bytes=16), queue_params=TopicSettings(config.topics).resolve,
                                queued=lambda topic: queued.get(topic, (0, 0)))
         run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
         return session

@@ -28,7 +28,7 @@ def test_a_bad_entry_fails_at_load_naming_it(entry):
 def test_the_configuration_resolves_topics_from_its_file(tmp_path):
     path = tmp_path / "smqp.toml"
     path.write_text('[topics."/jobs"]\ndelivery = "one"\nretry_timeout_s = 2.5\n')
-    config = load_config(path, env={})
-    assert config.queue("/jobs/a").delivery == "one"
-    assert config.queue("/jobs/a").retry_timeout_s == 2.5
-    assert config.queue("/other").delivery is None
+    resolve = TopicSettings(load_config(path, env={}).topics).resolve
+    assert resolve("/jobs/a").delivery == "one"
+    assert resolve("/jobs/a").retry_timeout_s == 2.5
+    assert resolve("/other").delivery is None
