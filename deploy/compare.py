@@ -210,7 +210,7 @@ async def run_workloads(systems: dict, args) -> dict:
 #: The sink's line per micro-batch in the job's log (streaming/sink.py), timestamped when the batch ended.
 SINK_LINE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO streaming\.sink: batch \d+: "
                        r"(?P<records>\d+) records in, .* (?P<ms>\d+) ms \(spark (?P<spark_ms>\d+), "
-                       r"delta (?P<delta_ms>\d+)\)")
+                       r"delta (?P<delta_ms>\d+)\)(?:; routing query: plan (?P<plan_ms>\d+) ms, run (?P<run_ms>\d+) ms)?")
 
 
 def job_time(table: str, job_log: str, results: dict) -> dict:
@@ -229,7 +229,7 @@ def job_time(table: str, job_log: str, results: dict) -> dict:
             if match := SINK_LINE.match(line):
                 fields = match.groupdict()
                 sink.append({"at": datetime.strptime(fields.pop("at"), "%Y-%m-%d %H:%M:%S").timestamp(),
-                             **{key: int(value) for key, value in fields.items()}})
+                             **{key: int(value) for key, value in fields.items() if value is not None}})
     per_workload = {}
     for workload, per_system in results.items():
         spans = [(run["started"], run["started"] + run["wall_s"]) for run in per_system.get("smqp", ())
@@ -242,7 +242,8 @@ def job_time(table: str, job_log: str, results: dict) -> dict:
 
 def render_job_time(per_workload: dict) -> str:
     lines = ["| our job during | batches | rows / busy batch | batch p50 / p90 / max ms | share of batch time "
-             "| sink (addBatch): Spark / Delta / Kafka wait |", "|---|---|---|---|---|---|"]
+             "| sink (addBatch): Spark / Delta / Kafka wait | Spark: planning / running the routing query |",
+             "|---|---|---|---|---|---|---|"]
     for workload, both in per_workload.items():
         stats, sink = both["batches"], both["sink"]
         if not stats:
@@ -250,9 +251,11 @@ def render_job_time(per_workload: dict) -> str:
         shares = ", ".join(f"{phase.removesuffix('_ms')} {pct:g} %" for phase, pct in
                            sorted(stats["phase_share_pct"].items(), key=lambda item: -item[1]) if pct >= 1)
         split = f"{sink['spark_pct']:g} / {sink['delta_pct']:g} / {sink['kafka_wait_pct']:g} %" if sink else "-"
+        query = (f"{sink['plan_pct']:g} / {sink['run_pct']:g} %" if sink and sink.get("plan_pct") is not None
+                 else "-")
         lines.append(f"| {workload} | {stats['batches']} | {stats['rows_per_busy_batch']:,} | "
                      f"{stats['batch_ms_p50']:,.0f} / {stats['batch_ms_p90']:,.0f} / {stats['batch_ms_max']:,.0f} | "
-                     f"{shares}, other {stats['other_pct']:g} % | {split} |")
+                     f"{shares}, other {stats['other_pct']:g} % | {split} | {query} |")
     return "\n".join(lines)
 
 

@@ -93,7 +93,9 @@ def sink_stats(batches: Sequence[Mapping]) -> dict | None:
     """How the job's foreachBatch sink (Spark's ``addBatch``) split its time, from its per-batch log
     lines: ``ms`` in all; ``spark_ms`` reading the batch and computing the routing outputs;
     ``delta_ms`` handing the deliveries to the Kafka producer and committing the Delta tables; the
-    rest is waiting for Kafka to acknowledge them."""
+    rest is waiting for Kafka to acknowledge them.  Of ``spark_ms``, ``plan_ms`` went to planning the
+    routing query (parse, analyse, optimise, physical plan) and ``run_ms`` to running it (older logs
+    lack both: ``plan_pct`` is then None)."""
     if not batches:
         return None
     total = sum(b["ms"] for b in batches) or 1
@@ -101,7 +103,18 @@ def sink_stats(batches: Sequence[Mapping]) -> dict | None:
     return {"batches": len(batches), "records": sum(b["records"] for b in batches),
             "sink_ms_p50": percentile([b["ms"] for b in batches], 0.5),
             "spark_pct": round(100 * spark / total, 1), "delta_pct": round(100 * delta / total, 1),
-            "kafka_wait_pct": max(0.0, round(100 * (total - spark - delta) / total, 1))}
+            "kafka_wait_pct": max(0.0, round(100 * (total - spark - delta) / total, 1)),
+            **_query_split(batches)}
+
+
+def _query_split(batches: Sequence[Mapping]) -> dict:
+    """``plan_pct`` / ``run_pct`` of the sink's time, over the batches whose log line has them."""
+    timed = [b for b in batches if "plan_ms" in b]
+    if not timed:
+        return {"plan_pct": None, "run_pct": None}
+    total = sum(b["ms"] for b in timed) or 1
+    return {key.replace("_ms", "_pct"): round(100 * sum(b[key] for b in timed) / total, 1)
+            for key in ("plan_ms", "run_ms")}
 
 
 @dataclass(frozen=True)

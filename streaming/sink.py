@@ -311,6 +311,8 @@ class CommandSink:
         self.query_name = config.streaming.query_name
         self._producer = None
         self.sweep_trash = TrashSweeper(config)
+        # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
+        self.query_ms = {"plan": 0.0, "run": 0.0}
 
     # -- helpers
 
@@ -487,7 +489,12 @@ class CommandSink:
                 sql = sql.replace("{" + name + "}", relation)
             else:
                 frames[name] = relation
-        arrow = routing.run_sql(sql, frames).toArrow()
+        started = time.monotonic()
+        query = routing.run_sql(sql, frames)  # parsed and analysed here
+        query._jdf.queryExecution().executedPlan()  # plan now, apart from running: the log tells them apart
+        planned = time.monotonic()
+        arrow = query.toArrow()
+        self.query_ms = {"plan": (planned - started) * 1000, "run": (time.monotonic() - planned) * 1000}
         out = {}
         for kind in OUTPUTS:
             column = arrow.filter(pc.equal(arrow.column("kind"), kind)).column(kind)
@@ -532,10 +539,11 @@ class CommandSink:
         self._flush(futures)
         done = time.monotonic()
         log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d receipts, "
-                 "%d ms (spark %d, delta %d)",
+                 "%d ms (spark %d, delta %d); routing query: plan %d ms, run %d ms",
                  batch_id, sum(r["records"] for r in progress), out["deliver"].num_rows,
                  out["acked"].num_rows, out["expired"].num_rows, out["trash"].num_rows, out["receipts"].num_rows,
-                 (done - started) * 1000, (computed - started) * 1000, (committed - computed) * 1000)
+                 (done - started) * 1000, (computed - started) * 1000, (committed - computed) * 1000,
+                 self.query_ms["plan"], self.query_ms["run"])
 
     # -- Kafka
 

@@ -134,4 +134,31 @@ def test_sink_time_is_split_into_spark_delta_and_the_kafka_wait():
                         {"records": 100, "ms": 600, "spark_ms": 500, "delta_ms": 50}])
     assert stats["records"] == 1000 and stats["sink_ms_p50"] == 600
     assert (stats["spark_pct"], stats["delta_pct"], stats["kafka_wait_pct"]) == (81.2, 12.5, 6.2)
+    assert (stats["plan_pct"], stats["run_pct"]) == (None, None)  # log lines from before the split
     assert sink_stats([]) is None
+
+
+def test_the_routing_query_splits_into_planning_and_running_over_the_batches_that_log_it():
+    stats = sink_stats([{"records": 900, "ms": 1000, "spark_ms": 800, "delta_ms": 150, "plan_ms": 600, "run_ms": 150},
+                        {"records": 1, "ms": 500, "spark_ms": 400, "delta_ms": 50, "plan_ms": 300, "run_ms": 60},
+                        {"records": 100, "ms": 600, "spark_ms": 500, "delta_ms": 50}])
+    assert (stats["plan_pct"], stats["run_pct"]) == (60.0, 14.0)  # of the 1,500 ms of the two timed batches
+
+
+def test_job_time_reads_the_sink_log_lines_with_and_without_the_query_split(tmp_path):
+    from datetime import datetime
+
+    from deploy.compare import job_time
+
+    log = tmp_path / "job.log"
+    log.write_text(
+        "2026-11-23 07:00:01,100 INFO streaming.sink: batch 3: 900 records in, 900 deliveries, 0 acks, 0 expired, "
+        "0 trashed, 0 receipts, 1000 ms (spark 800, delta 150); routing query: plan 600 ms, run 150 ms\n"
+        "2026-11-23 07:00:02,100 INFO streaming.sink: batch 4: 100 records in, 100 deliveries, 0 acks, 0 expired, "
+        "0 trashed, 0 receipts, 600 ms (spark 500, delta 50)\n"
+        "2026-11-23 07:00:03,100 INFO streaming.sink: something else\n")
+    start = datetime(2026, 11, 23, 7, 0, 0).timestamp()
+    results = {"ingest": {"smqp": [{"started": start, "wall_s": 5.0}]}}
+    sink = job_time(str(tmp_path / "no-metrics-table"), str(log), results)["ingest"]["sink"]
+    assert (sink["batches"], sink["records"]) == (2, 1000)
+    assert (sink["plan_pct"], sink["run_pct"]) == (60.0, 15.0)  # only batch 3 logged the split
