@@ -662,7 +662,12 @@ class Gateway:
             return
         future = asyncio.get_running_loop().create_future()
         self._fold_waiters.append((offset, future))
-        await asyncio.wait_for(future, self.config.kafka.delivery_timeout_ms / 1000)
+        limit = self.config.kafka.delivery_timeout_ms / 1000
+        try:
+            await asyncio.wait_for(future, limit)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the registry had folded commands partition 0 up to offset {self.registry.applied}, "
+                               f"not yet {offset}, after {limit:g} s") from None
 
     async def sync(self) -> None:
         """A read barrier: append a ``Sync`` and wait for its fold, so the registry has
