@@ -14,9 +14,10 @@ Notifications come from the deliveries topic through a
 :class:`gateway.book.DeliveryBook`; each login has its own
 :class:`gateway.book.NotifyQueue` (spec section 3: every login of an account
 receives the messages), with one NOTIFY in flight, the next only after the
-server's ``310 ACK`` (spec 4.1.11.1) — or, after the client's SET NOTIFY WINDOW
-<n> (our extension), up to n in flight, each with its own retry timeout.  NOTIFY TOPIC / SUBSCRIBERS / SERVER
-TIMEOUT come from the registry fold, to the logins connected here.
+server's ``310 ACK`` (spec 4.1.11.1) — or, after the client's SET NOTIFY
+WINDOW <n> (our extension), up to n in flight, each with its own retry
+timeout.  NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT come from the registry
+fold, to the logins connected here.
 """
 
 from __future__ import annotations

@@ -155,3 +155,37 @@ def test_a_windowed_subscriber_drains_a_backlog_exactly_once_across_a_reconnect(
     assert sorted(acknowledged + second) == sorted(published)  # each message acknowledged exactly once
     statuses = [r["status"] for r in deliveries]
     assert len(deliveries) == total and set(statuses) == {"acked"}
+
+
+def test_the_window_applies_on_the_notification_port(broker, spark, tmp_path):
+    """SET NOTIFY PORT: the NOTIFYs of the window come on the client's listener and are
+    acknowledged there by SMUID, each message once."""
+    config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
+    total = 60
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/w/port")
+        async with await SMQPClient.open(*address, "sub", "s") as sub, \
+                await SMQPClient.open(*address, "pub", "p") as pub:
+            await sub.subscribe("/w/port")
+            await sub.set_notify_window(20)
+            await sub.notify_port()
+            await sub.suspend()
+            published = [await pub.publish("/w/port", f"m{i}") for i in range(total)]
+            await stored(pub, "/w/port", total)
+            await sub.resume()
+            first = await receive(sub, 20)
+            with pytest.raises(asyncio.TimeoutError):
+                await sub.next_notification(2)  # the window is full
+            await ack_all(first)
+            rest = await drain(sub, total - 20)
+            on_port = all(note._channel is not sub._main for note in first + rest)
+            return published, [note.smuid for note in first + rest], on_port
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        published, received, on_port = asyncio.run(scenario(gateway.address))
+        assert gateway.gateway.metrics.frames_out.get("NOTIFY MESSAGE") == total
+        deliveries = acked_rows(config, published)
+    assert on_port
+    assert sorted(received) == sorted(published)
+    assert sorted(r["smuid"] for r in deliveries if r["status"] == "acked") == sorted(published)
