@@ -6,6 +6,10 @@ accounts, and yields an :class:`SMQPSystem`, the adapter the workloads of
 ``deploy.compare_workloads`` drive: a destination is a topic under
 ``/bench``, a subscriber an account subscribed to it (subscriptions survive
 QUIT, so an offline subscriber's messages wait in the gateway's book).
+Subscribers ask for a notify window (SET NOTIFY WINDOW, our pipelining
+extension; ``notify_window``, which ``deploy.compare`` sets to RabbitMQ's
+prefetch): up to that many NOTIFYs await their ACK, and each ``ack()`` is
+sent without waiting for the previous reply; ``flush()`` waits for them all.
 
 ``python -m deploy.bench`` is ``python -m deploy.compare --systems smqp``:
 the same workloads against our stack alone (``--help`` lists them).
@@ -47,12 +51,33 @@ class _Publisher:
 class _Subscriber:
     def __init__(self, client: SMQPClient):
         self.client = client
+        self.acks: set[asyncio.Future] = set()  # in a notify window: ACKs sent, their 310 ACK not yet back
 
     async def receive(self, timeout: float):
-        return await self.client.next_notification(timeout)  # a Notification: .data, .ack() (two-phase)
+        note = await self.client.next_notification(timeout)  # a Notification: .data, .ack() (two-phase)
+        return note if self.client.notify_window == 1 else _Windowed(note, self)
+
+    async def flush(self) -> None:
+        """Wait until every ACK sent has its server ``310 ACK`` (durable); raise if one failed."""
+        acks, self.acks = self.acks, set()
+        await asyncio.gather(*acks)
 
     async def close(self) -> None:
+        with contextlib.suppress(ConnectionError, OSError, SMQPError, asyncio.TimeoutError):
+            await asyncio.wait_for(self.flush(), 10)
         await _quit(self.client)
+
+
+class _Windowed:
+    """A notification in a notify window: ``ack()`` sends ``310 ACK <smuid>`` and returns at once,
+    like pika's ``basic_ack``; the subscriber's ``flush()`` waits for the replies."""
+
+    def __init__(self, note, subscriber: _Subscriber):
+        self.note, self.subscriber = note, subscriber
+        self.data = note.data
+
+    async def ack(self) -> None:
+        self.subscriber.acks.add(asyncio.ensure_future(self.note.ack()))
 
 
 async def _quit(client: SMQPClient) -> None:
@@ -67,8 +92,9 @@ class SMQPSystem:
 
     name = "smqp"
 
-    def __init__(self, stack: Stack, accounts: list[str]):
+    def __init__(self, stack: Stack, accounts: list[str], notify_window: int = 1):
         self.stack = stack
+        self.notify_window = notify_window  # SET NOTIFY WINDOW of every subscriber (1: the spec's way)
         self.host, self.port = stack.address
         self._unused = iter(accounts)
 
@@ -99,7 +125,10 @@ class SMQPSystem:
         return _Publisher(await self._open(*PUBLISHER), self.topic(dest))
 
     async def subscriber(self, dest: str, name: str) -> _Subscriber:
-        return _Subscriber(await self._open(name, _password(name)))
+        client = await self._open(name, _password(name))
+        if self.notify_window > 1:
+            await client.set_notify_window(self.notify_window)
+        return _Subscriber(client)
 
     async def settle(self, dest: str, published: int, timeout: float) -> float:
         """Seconds until the job has committed ``published`` messages of the topic to Delta (COUNT MESSAGE)."""
@@ -134,11 +163,12 @@ class SMQPSystem:
 
 
 @contextlib.contextmanager
-def running_smqp(subscribers: int) -> Iterator[SMQPSystem]:
-    """Our whole stack with a publisher account and ``subscribers`` subscriber accounts."""
+def running_smqp(subscribers: int, notify_window: int = 1) -> Iterator[SMQPSystem]:
+    """Our whole stack with a publisher account and ``subscribers`` subscriber accounts, whose
+    logins ask for ``notify_window``."""
     accounts = [f"bsub{i}" for i in range(subscribers)]
     with running_stack({PUBLISHER[0]: PUBLISHER[1], **{a: _password(a) for a in accounts}}) as stack:
-        yield SMQPSystem(stack, accounts)
+        yield SMQPSystem(stack, accounts, notify_window)
 
 
 def main(argv: list[str] | None = None) -> int:

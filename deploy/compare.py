@@ -20,7 +20,12 @@ min/median/max of ``--runs`` runs (runs of the two systems alternate):
            resident memory of each server process is sampled: growth, first vs
            last minute
 
-and reports the peak resident memory of our gateway, the Spark driver (with
+Our subscribers (latency, fanout, drain, soak) ask for SET NOTIFY WINDOW
+--notify-window (our pipelining extension; default: RabbitMQ's
+--rabbit-prefetch, so both have as many deliveries unacknowledged at once);
+--notify-window 1 measures the spec's one-at-a-time two-phase commit.
+
+It also reports the peak resident memory of our gateway, the Spark driver (with
 its JVM) and RabbitMQ's beam.smp.  Prints a table (ours, RabbitMQ, ratio,
 the issue's target) and where our streaming job spent its time, and writes
 everything as JSON.  Everything stops by itself, also on Ctrl-C or an error.
@@ -83,6 +88,9 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     add("--sample-seconds", type=float, default=5, help="soak: seconds between RSS samples (default 5)")
     add("--flat-tolerance", type=float, default=5, help="soak: growth in %% that still counts as flat (default 5)")
     add("--rabbit-prefetch", type=int, default=100, help="RabbitMQ consumers' prefetch (default 100)")
+    add("--notify-window", type=int,
+        help="our subscribers' SET NOTIFY WINDOW: NOTIFYs awaiting their ACK at once (default: the "
+             "--rabbit-prefetch value; 1: the spec's one at a time)")
     add("--cooldown", type=float, help="seconds of rest between runs (default 5; quick 2)")
     add("--timeout", type=float, default=900, help="bound on any one workload run, seconds (default 900)")
     add("--json", default="bench-results/compare.json", help="where to write the results")
@@ -92,6 +100,10 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
             setattr(args, key, value)
     args.workloads = _choices(parser, "--workloads", args.workloads, WORKLOADS)
     args.systems = _choices(parser, "--systems", args.systems, SYSTEMS)
+    if args.notify_window is None:
+        args.notify_window = args.rabbit_prefetch
+    if args.notify_window < 1:
+        parser.error("--notify-window must be at least 1")
     return args
 
 
@@ -284,8 +296,8 @@ def measure_all(args) -> dict:
         systems = {}
         if "smqp" in args.systems:
             progress("starting our stack (dev broker, streaming job, gateway) ...")
-            smqp = systems["smqp"] = servers.enter_context(running_smqp(accounts))
-            progress(f"  up; logs in {smqp.stack.workdir}")
+            smqp = systems["smqp"] = servers.enter_context(running_smqp(accounts, args.notify_window))
+            progress(f"  up; logs in {smqp.stack.workdir}; our subscribers use {_window_text(args.notify_window)}")
         if "rabbitmq" in args.systems:
             try:
                 from deploy import rabbit
@@ -336,12 +348,22 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
     report["rows"] = rows = (comparison_rows(results, settings)
                              + memory_rows(report["peak_memory_mb"], soak, args.flat_tolerance))
     print("\n" + render_table(rows))
+    if "smqp" in args.systems:
+        print(f"\nOur subscribers: {_window_text(args.notify_window)}"
+              + (f"; RabbitMQ's consumers: prefetch {args.rabbit_prefetch}." if "rabbitmq" in args.systems else "."))
     if any(both["batches"] for both in report["smqp_job_time"].values()):
         print("\nWhere our streaming job's time went, per workload (its metrics table and log):\n"
               + render_job_time(report["smqp_job_time"]))
     write_json(args.json, report)
     print(f"\nwritten to {args.json}")
     return 0
+
+
+def _window_text(window: int) -> str:
+    if window == 1:
+        return "SET NOTIFY WINDOW 1, the spec's two-phase commit: one NOTIFY at a time, each awaiting its 310 ACK"
+    return (f"SET NOTIFY WINDOW {window} (our pipelining extension): up to {window} NOTIFYs awaiting "
+            "their 310 ACK <smuid> at once")
 
 
 def write_json(path: str, report: dict) -> None:

@@ -29,7 +29,8 @@ class Delivery(Protocol):
     data: bytes
 
     async def ack(self) -> None:
-        """SMQP: the two-phase ``310 ACK`` (returns once durable); RabbitMQ: basic.ack."""
+        """SMQP: the two-phase ``310 ACK`` (at window 1 it returns once durable; in a notify window
+        it returns once sent, like basic.ack); RabbitMQ: basic.ack (which has no reply)."""
 
 
 class Publisher(Protocol):
@@ -43,6 +44,10 @@ class Publisher(Protocol):
 class Subscriber(Protocol):
     async def receive(self, timeout: float) -> Delivery:
         """The next message; ``TimeoutError`` after ``timeout`` seconds."""
+
+    async def flush(self) -> None:
+        """Wait until every acknowledgement sent is settled (SMQP in a notify window: each server
+        ``310 ACK``, i.e. durable); a workload's end time is taken after it."""
 
     async def close(self) -> None:
         """Go offline; the subscription (queue) keeps collecting."""
@@ -169,6 +174,7 @@ async def paced(system: System, dest: str, rate: float, seconds: float, grace: f
             state.latencies.append(age_ms(delivery.data))
             state.last_receipt = time.monotonic()
             await delivery.ack()
+        await subscriber.flush()
 
     def settled(task: asyncio.Future) -> None:
         in_flight.discard(task)
@@ -228,6 +234,9 @@ class _Tally:
                 continue
             await delivery.ack()
             self.received += 1
+            self.last = time.monotonic()
+        if self.received:
+            await client.flush()  # the last acknowledgement is done only once settled
             self.last = time.monotonic()
 
 

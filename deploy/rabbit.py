@@ -285,7 +285,7 @@ class _Delivery:
     tag: int
 
     async def ack(self) -> None:
-        self.channel.basic_ack(self.tag)
+        self.channel.basic_ack(self.tag)  # no reply in AMQP 0-9-1: nothing to wait for
 
 
 class _Subscriber:
@@ -303,6 +303,9 @@ class _Subscriber:
 
     async def receive(self, timeout: float) -> _Delivery:
         return await asyncio.wait_for(self.queue.get(), timeout)
+
+    async def flush(self) -> None:
+        """Nothing to wait for: basic.ack has no reply."""
 
     async def close(self) -> None:
         await self.connection.close()  # unacknowledged messages go back to the queue

@@ -91,6 +91,8 @@ def _describe(note: Notification, verbose: bool) -> str:
 
 
 async def _sub(client: SMQPClient, args: argparse.Namespace) -> int:
+    if args.window > 1:
+        await client.set_notify_window(args.window)
     if args.notify_port is not None:
         port = await client.notify_port(args.notify_port)
         print(f"notifications on port {port}", file=sys.stderr)
@@ -107,20 +109,39 @@ async def _sub(client: SMQPClient, args: argparse.Namespace) -> int:
     if args.server_timeout:
         await client.subscribe_server_timeout()
     received, bye = 0, False
-    while not args.count or received < args.count:
-        try:
-            note = await client.next_notification(args.timeout)
-        except TimeoutError:
-            break
-        except ConnectionError:
-            if bye:  # the server said it was going: not an error
-                return 0
-            raise
-        print(_describe(note, args.verbose), flush=True)
-        await note.ack()
-        bye = bye or (note.resource == "SERVER" and note.action == "BYE")
-        received += 1
+    acks: set[asyncio.Task] = set()  # in a window, messages are acknowledged without waiting
+    try:
+        while not args.count or received < args.count:
+            note = await _next(client, args, bye)
+            if note is None:
+                break
+            print(_describe(note, args.verbose), flush=True)
+            if args.window > 1:
+                acks.add(asyncio.ensure_future(note.ack()))
+                for done in [ack for ack in acks if ack.done()]:
+                    acks.discard(done)
+                    done.result()  # a refused or lost ACK ends the command with its error
+            else:
+                await note.ack()
+            bye = bye or (note.resource == "SERVER" and note.action == "BYE")
+            received += 1
+    finally:
+        if acks:
+            await asyncio.gather(*acks)
     return 0
+
+
+async def _next(client: SMQPClient, args: argparse.Namespace, bye: bool):
+    """The next notification; None once ``--timeout`` passes idle or the server said BYE and left."""
+    try:
+        return await client.next_notification(args.timeout)
+    except TimeoutError:
+        return None
+    except ConnectionError:
+        if bye:  # the server said it was going: not an error
+            return None
+        raise
+
 
 
 async def _unsub(client: SMQPClient, args: argparse.Namespace) -> int:
@@ -293,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--notify-port", type=int, metavar="PORT",
                      help="receive notifications on a listener of ours (SET NOTIFY PORT; 0: any free port)")
     sub.add_argument("--count", type=int, default=0, help="exit after this many notifications (0: until Ctrl-C)")
+    sub.add_argument("--window", type=int, default=1, metavar="N",
+                     help="let up to N messages await their ACK at once (SET NOTIFY WINDOW, a server "
+                          "extension; default 1, the spec's one at a time)")
     sub.add_argument("--timeout", type=float, default=None, help="exit after this many idle seconds")
     sub.add_argument("-v", "--verbose", action="store_true", help="print messages with their header attributes")
 

@@ -21,6 +21,12 @@ connects to a listener of ours and sends them there, and
 :meth:`Notification.ack` answers on the connection the NOTIFY came from.
 Only NOTIFY MESSAGE takes the two-phase ``310 ACK``; ``ack()`` on the others
 does nothing.
+
+:meth:`SMQPClient.set_notify_window` (SET NOTIFY WINDOW, the server's
+pipelining extension) lets up to n NOTIFY MESSAGEs await their ACK at once;
+then ``ack()`` names the message (``310 ACK <smuid>``), checks that the
+server's ``310 ACK <smuid>`` names the same one, and several ``ack()`` calls
+may be outstanding together.
 """
 
 from __future__ import annotations
@@ -140,11 +146,22 @@ class Notification(_MessageFields):
 
     async def ack(self) -> None:
         """The client half of the two-phase commit, on the connection the NOTIFY came on;
-        returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice."""
+        returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice.
+        In a notify window (:meth:`SMQPClient.set_notify_window`) it names the message,
+        ``310 ACK <smuid>``, so acknowledgements may be sent in any order and overlap."""
         if not self.needs_ack:
             return
         self._acked = True
-        await self._client._request(self._channel, cp.ACK)
+        smuid = self.header("Smuid")
+        try:
+            if self._client.notify_window == 1:
+                await self._client._request(self._channel, cp.ACK)
+                return
+            reply = await self._client._request(self._channel, cp.render_command("310", "ACK", smuid))
+            if reply.lines[-1].split()[1:] != [smuid]:
+                raise cp.ServerProtocolError(f"310 ACK of {smuid} answered {reply.lines[-1]!r}")
+        finally:
+            self._channel.unacknowledged.pop(smuid, None)
 
     async def reply(self, data: bytes | str, **options) -> int:
         """PUB REPLY to this message (see :meth:`SMQPClient.publish_reply`); returns the SMUID."""
@@ -208,8 +225,9 @@ class _Channel:
         self.reader = reader
         self.writer = writer
         self.main = main
-        # the Smuid of the last NOTIFY MESSAGE that wants a 310 ACK: a retry of it is dropped
-        self.last_notified: str | None = None
+        # Smuids of the NOTIFY MESSAGEs handed over whose 310 ACK exchange is not done, oldest
+        # first and at most the notify window of them: a retry of one of them is dropped
+        self.unacknowledged: dict[str, None] = {}
         self.parser = cp.ServerReader(greeting=main)
         self.waiting: deque[asyncio.Future] = deque()
         self.lock = asyncio.Lock()  # held while writing, and across an exchange that must not interleave
@@ -242,10 +260,12 @@ class _Channel:
         elif isinstance(frame, cp.NotifyFrame):
             note = Notification(frame.resource, frame.topic, frame.headers, frame.sections, self.client, self)
             smuid = note.header("Smuid") if note.needs_ack else None
-            if smuid is not None and smuid == self.last_notified:
-                return  # the server's retry of the NOTIFY just received: one message, one 310 ACK
+            if smuid is not None and smuid in self.unacknowledged:
+                return  # the server's retry of a NOTIFY handed over: one message, one 310 ACK
             if smuid is not None:
-                self.last_notified = smuid
+                self.unacknowledged[smuid] = None
+                while len(self.unacknowledged) > self.client.notify_window:  # left unacknowledged
+                    del self.unacknowledged[next(iter(self.unacknowledged))]
             self.client._notified(note)
         elif self.waiting:  # a reply or continuation; a cancelled waiter still owns its reply
             waiter = self.waiting.popleft()
@@ -329,6 +349,7 @@ class SMQPClient:
         self._cmuids = itertools.count(1)
         self._listener: asyncio.Server | None = None
         self._notify_channels: set[_Channel] = set()
+        self.notify_window = 1  # SET NOTIFY WINDOW: NOTIFY MESSAGEs that may await our ACK at once
         self._main = _Channel(self, reader, writer, main=True)
         self.closed = self._main.closed
 
@@ -602,6 +623,19 @@ class SMQPClient:
 
     async def resume(self, topic: str | None = None) -> None:
         await self.command("SET", "NOTIFY", "RESUME", *([topic] if topic else []))
+
+    async def set_notify_window(self, n: int) -> None:
+        """SET NOTIFY WINDOW (the server's extension, not in the spec): up to ``n`` NOTIFY MESSAGEs
+        may await their ACK at once, each :meth:`Notification.ack` naming its message.  1 is
+        the spec's one-at-a-time two-phase commit."""
+        if n < 1:
+            raise ValueError(f"SET NOTIFY WINDOW takes n >= 1, not {n}")
+        previous, self.notify_window = self.notify_window, n  # NOTIFYs may follow the reply at once
+        try:
+            await self.command("SET", "NOTIFY", "WINDOW", str(n))
+        except BaseException:
+            self.notify_window = previous
+            raise
 
     async def notify_port(self, port: int = 0, host: str | None = None, *, listen_host: str | None = None) -> int:
         """SET NOTIFY PORT: listen first (``port`` 0: any free port), then ask the server to connect.

@@ -38,7 +38,9 @@ class DurableLog:
 
     Two producers: publishes linger ``linger_ms`` to batch (ingest throughput),
     while ACKs go out at once, because each one gates the subscriber's next
-    NOTIFY (measured: 413 → 650 NOTIFY/ACK cycles per second per login).
+    NOTIFY (measured: 413 → 650 NOTIFY/ACK cycles per second per login) —
+    except a login's in a SET NOTIFY WINDOW > 1, whose pipelined ACKs the
+    gateway appends to the lingering producer (``immediate=False``).
     """
 
     def __init__(self, config: KafkaConfig):

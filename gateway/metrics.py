@@ -347,7 +347,7 @@ class GatewayMetrics:
             self.replies,
             self.errors,
             Gauge("smqp_gateway_notify_in_flight", "NOTIFY MESSAGEs awaiting their two-phase 310 ACK.",
-                  lambda: sum(1 for c in connections() if c.in_flight is not None)),
+                  lambda: sum(len(c.in_flight) for c in connections())),
             Gauge("smqp_gateway_notify_queued", "Deliveries queued for logged-in sessions behind the one in flight.",
                   lambda: sum(len(c.queue) for c in connections())),
             self.ack_latency,

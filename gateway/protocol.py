@@ -823,7 +823,9 @@ class Session:
         self._guid: str | None = None
         self._publish: _OpenPublish | None = None
         self._continuation: Callable[[bytes], list[Action]] | None = None
-        self._awaiting_ack: int | None = None
+        # SMUIDs of the guaranteed NOTIFYs awaiting the client's 310 ACK, oldest first (a dict keeps order)
+        self._awaiting: dict[int, None] = {}
+        self._notify_window = 1  # SET NOTIFY WINDOW: how many may await at once (1: the spec's two-phase commit)
         self._bad_commands = 0
         self._line = ""  # the command line being handled, for arguments with spaces
         self._suspended: set[str] = set()  # SET NOTIFY SUSPEND patterns; "*" is everything
@@ -851,8 +853,22 @@ class Session:
 
     @property
     def awaiting_ack(self) -> int | None:
-        """The SMUID of the NOTIFY awaiting the client's ``310 ACK``, if any."""
-        return self._awaiting_ack
+        """The SMUID of the oldest NOTIFY awaiting the client's ``310 ACK``, if any."""
+        return next(iter(self._awaiting), None)
+
+    @property
+    def awaiting(self) -> tuple[int, ...]:
+        """The SMUIDs of every NOTIFY awaiting its ``310 ACK``, oldest first."""
+        return tuple(self._awaiting)
+
+    def awaits(self, smuid: int) -> bool:
+        """The NOTIFY of ``smuid`` awaits its ``310 ACK`` (it is guaranteed and not acknowledged)."""
+        return smuid in self._awaiting
+
+    @property
+    def notify_window(self) -> int:
+        """How many guaranteed NOTIFYs may await their ``310 ACK`` at once (SET NOTIFY WINDOW)."""
+        return self._notify_window
 
     @property
     def in_frame(self) -> bool:
@@ -883,27 +899,29 @@ class Session:
         return actions
 
     def notify(self, deliver: Deliver) -> bytes:
-        """Render NOTIFY MESSAGE and await its ``310 ACK`` (one at a time, 4.1.11.1)."""
+        """Render NOTIFY MESSAGE and await its ``310 ACK``: one at a time (4.1.11.1), or up to
+        the window the client asked for with SET NOTIFY WINDOW."""
         if not self.logged_in:
             raise SessionMisuse("NOTIFY on a session that is not logged in")
-        if self._awaiting_ack is not None:
-            raise SessionMisuse(f"NOTIFY while SMUID {self._awaiting_ack} still awaits its 310 ACK")
+        if len(self._awaiting) >= self._notify_window:
+            raise SessionMisuse(f"NOTIFY while {len(self._awaiting)} await their 310 ACK "
+                                f"(window {self._notify_window}), the oldest SMUID {self.awaiting_ack}")
         if deliver.account.lower() != self._account.lower():
             raise SessionMisuse(f"delivery for {deliver.account!r} on {self._account!r}'s session")
         if guaranteed(deliver.headers):
-            self._awaiting_ack = deliver.smuid
+            self._awaiting[deliver.smuid] = None
         return render_notify(deliver, self._config.server_host)
 
     def notify_again(self, deliver: Deliver) -> bytes:
-        """The NOTIFY awaiting its ``310 ACK`` once more: the retry timeout passed without it."""
-        if self._awaiting_ack != deliver.smuid:
+        """A NOTIFY awaiting its ``310 ACK`` once more: the retry timeout passed without it."""
+        if deliver.smuid not in self._awaiting:
             raise SessionMisuse(f"NOTIFY again of SMUID {deliver.smuid}, which awaits no 310 ACK")
         return render_notify(deliver, self._config.server_host)
 
-    def notify_abandoned(self) -> None:
-        """The NOTIFY in flight no longer awaits a ``310 ACK``: lost with its connection (SET NOTIFY
+    def notify_abandoned(self, smuid: int) -> None:
+        """``smuid``'s NOTIFY no longer awaits a ``310 ACK``: lost with its connection (SET NOTIFY
         PORT: it stays pending), or withdrawn because it died (expired, out of retries)."""
-        self._awaiting_ack = None
+        self._awaiting.pop(smuid, None)
 
     def channel_ack(self, line: bytes) -> list[Action]:
         """A line read on the SET NOTIFY PORT connection: only ``310 ACK`` is expected there."""
@@ -1347,8 +1365,10 @@ class Session:
             return self._set_notify_port(args[2:])
         if resource == "NOTIFY" and attribute in ("SUSPEND", "SUS", "RESUME", "RES"):
             return self._suspend_or_resume(attribute.startswith("SUS"), args[2:])
+        if resource == "NOTIFY" and attribute == "WINDOW":
+            return self._set_notify_window(args[2:])
         return self._usage("SET TOPIC NAME|KEYWORD|DELIVERY ... | SET LOGIN PASSWORD|NAME|EMAIL|ADDRESS|PHONE ... "
-                           "| SET NOTIFY PORT|SUSPEND|RESUME ...")
+                           "| SET NOTIFY PORT|SUSPEND|RESUME|WINDOW ...")
 
     def _set_topic_name(self, args: list[str]) -> list[Action]:
         if len(args) != 2:
@@ -1467,6 +1487,20 @@ class Session:
                 or not 0 < int(args[0]) < 65536:
             return self._usage("SET NOTIFY PORT <ip-port> [ip-address]")
         return [ConnectNotify(args[1] if len(args) == 2 else None, int(args[0]))]
+
+    def _set_notify_window(self, args: list[str]) -> list[Action]:
+        """``SET NOTIFY WINDOW <n>`` (our extension): up to ``n`` guaranteed NOTIFYs may await their
+        ``310 ACK`` at once, so a subscriber is not held to one round trip and one durable Ack per
+        message (4.1.11.1: "Implementations MAY vary").  1 is the spec's behaviour, and what a login
+        has until it asks.  Lowering it below what awaits now only holds back the next NOTIFYs."""
+        most = self._config.max_notify_window
+        if len(args) != 1 or not (args[0].isascii() and args[0].isdigit()):
+            return self._usage(f"SET NOTIFY WINDOW <n>, 1 <= n <= {most}")
+        window = int(args[0])
+        if not 1 <= window <= most:
+            return self._bad(Reply.error(BAD_REQUEST, f"window {window} is not between 1 and {most}"))
+        self._notify_window = window
+        return [Send(Reply.ok().to_bytes()), Wake()]
 
     def _suspend_or_resume(self, suspend: bool, args: list[str]) -> list[Action]:
         if len(args) > 1:
@@ -1708,14 +1742,32 @@ class Session:
     # the rest
 
     def smqp_ACK(self, verb: str, args: list[str]) -> list[Action]:
-        """The client's ``310 ACK`` of the pending NOTIFY: durable Ack, then ``310 ACK``."""
-        if [a.upper() for a in args] != ["ACK"]:
-            return self._usage("310 ACK")
-        if self._awaiting_ack is None:
+        """The client's ``310 ACK`` of a NOTIFY awaiting it: durable Ack, then ``310 ACK``.
+
+        ``310 ACK`` (the spec's form) acknowledges the oldest NOTIFY awaiting one: the only one
+        at window 1.  ``310 ACK <smuid>`` (our extension, any window) names the NOTIFY by its
+        ``Smuid:`` value verbatim and is answered ``310 ACK <smuid>``; one naming a NOTIFY that
+        awaits no ACK (never sent, already acknowledged, withdrawn) gets 404 and acknowledges nothing."""
+        if not args or args[0].upper() != "ACK" or len(args) > 2:
+            return self._usage("310 ACK [smuid]")
+        if len(args) == 2:
+            smuid, reply = self._named_smuid(args[1]), Reply.ack(args[1])
+            if smuid not in self._awaiting:
+                return self._reply(Reply.error(NOT_FOUND, f"no NOTIFY of Smuid {args[1]} awaits acknowledgement"))
+        elif self._awaiting:
+            smuid, reply = next(iter(self._awaiting)), Reply.ack()
+        else:
             return self._bad(Reply.error(BAD_REQUEST, "no NOTIFY awaits acknowledgement"))
-        smuid, self._awaiting_ack = self._awaiting_ack, None
+        del self._awaiting[smuid]
         event = Ack(account=self._account, guid=self._guid, smuid=smuid, accepted_at=self._now())
-        return [Durable(event, self._account.encode("utf-8"), Reply.ack().to_bytes())]
+        return [Durable(event, self._account.encode("utf-8"), reply.to_bytes())]
+
+    def _named_smuid(self, text: str) -> int | None:
+        """The number of a ``Smuid:`` value as this server renders it (``<server_host>/<number>``)."""
+        host, _, number = text.rpartition("/")
+        if host.lower() != self._config.server_host.lower() or not (number.isascii() and number.isdigit()):
+            return None
+        return int(number)
 
     def smqp_NOOP(self, verb: str, args: list[str]) -> list[Action]:
         """``NOOP``: ``200 OK``, nothing else."""

@@ -99,9 +99,10 @@ class Reply:
         return cls(OK, ("OK", *lines))
 
     @classmethod
-    def ack(cls) -> Reply:
-        """The server's ``310 ACK``, the second phase of a NOTIFY's acknowledgement."""
-        return cls(ACK, ("ACK",))
+    def ack(cls, smuid: str = "") -> Reply:
+        """The server's ``310 ACK``, the second phase of a NOTIFY's acknowledgement;
+        ``310 ACK <smuid>`` when the client named the NOTIFY (the SET NOTIFY WINDOW extension)."""
+        return cls(ACK, (f"ACK {smuid}" if smuid else "ACK",))
 
     @classmethod
     def error(cls, code: int, detail: str = "") -> Reply:

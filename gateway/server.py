@@ -14,8 +14,10 @@ Notifications come from the deliveries topic through a
 :class:`gateway.book.DeliveryBook`; each login has its own
 :class:`gateway.book.NotifyQueue` (spec section 3: every login of an account
 receives the messages), with one NOTIFY in flight, the next only after the
-server's ``310 ACK`` (spec 4.1.11.1).  NOTIFY TOPIC / SUBSCRIBERS / SERVER
-TIMEOUT come from the registry fold, to the logins connected here.
+server's ``310 ACK`` (spec 4.1.11.1) — or, after the client's SET NOTIFY
+WINDOW <n> (our extension), up to n in flight, each with its own retry
+timeout.  NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT come from the registry
+fold, to the logins connected here.
 """
 
 from __future__ import annotations
@@ -86,11 +88,9 @@ class Connection:
         self.unfolded = 0  # Control events appended but not yet folded by the registry
         self.folded = asyncio.Event()
         self.queue = NotifyQueue()  # filled at LOGIN from the account's pending deliveries
-        self.in_flight: Deliver | None = None  # the NOTIFY awaiting the client's 310 ACK
-        self.notified_at = 0.0  # when in_flight was sent (monotonic), for the ACK latency histogram
-        self.retry: asyncio.TimerHandle | None = None  # in_flight's retry timeout
-        self.retries = 0  # NACKs of in_flight this connection sent
-        self.acking = False  # the client's 310 ACK is being made durable
+        # the guaranteed NOTIFYs sent and not yet acknowledged for good, by SMUID, oldest first:
+        # at most the session's notify_window (1 unless the client asked for more)
+        self.in_flight: dict[int, _InFlight] = {}
         self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
         self.queued_bytes = 0  # bytes in the outbox, not yet handed to the transport
@@ -110,7 +110,8 @@ class Connection:
             pass
         finally:
             self.closing = True
-            self._disarm()
+            for entry in self.in_flight.values():
+                entry.disarm()
             self.outbox.put_nowait(None)
             if self._stall:
                 self._stall.cancel()
@@ -226,14 +227,19 @@ class Connection:
         self.channel = NotifyChannel(self, reader, writer)
         return [Send(Reply.ok().to_bytes())]
 
-    def _make_durable(self, action: Durable) -> _PendingReply:
-        """Start the Kafka append now, in command order; the writer awaits it in order."""
-        is_ack = isinstance(action.event, Ack)
-        if is_ack:
-            self.acking = True
+    def _make_durable(self, action: Durable, *, batch_acks: bool = True) -> _PendingReply:
+        """Start the Kafka append now, in command order; the writer awaits it in order.
+
+        An Ack goes out at once at window 1 (it gates the next NOTIFY); in a window, where the
+        client pipelines its ACKs, it lingers with the other appends so many share one produce
+        request (``batch_acks=False``: the notification port, which settles ACKs one by one)."""
+        ack = action.event if isinstance(action.event, Ack) else None
+        if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
+            entry.acking = True
         self.unsettled += 1
-        future = self.gateway.log.append(action.key, action.event.to_bytes(), immediate=is_ack)
-        return _PendingReply(future, action.reply, action.event if is_ack else None)
+        immediate = ack is not None and (self.session.notify_window == 1 or not batch_acks)
+        future = self.gateway.log.append(action.key, action.event.to_bytes(), immediate=immediate)
+        return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:
         """Append to partition 0 now; the reply is the registry's outcome once folded."""
@@ -263,21 +269,20 @@ class Connection:
             result = await pending.future
         except Exception as error:  # not durable: the client must not believe it is
             log.warning("Kafka append failed: %s", error)
-            if pending.ack:
-                self.acking = False
+            if pending.ack and (entry := self.in_flight.get(pending.ack.smuid)) is not None:
+                entry.acking = False
             return _unavailable()
         finally:
             self.unsettled -= 1
             self.settled.set()
         return pending.reply or result
 
-    def _ack_written(self, ack: Ack) -> None:
+    def _ack_written(self, entry: _InFlight) -> None:
         """Both phases done: forget the message for good, then offer the next one."""
-        self.acking = False
-        self.in_flight = None
-        self._disarm()
-        self.gateway.metrics.ack_latency.observe(time.monotonic() - self.notified_at)
-        self.gateway.book.acknowledged(ack.account, ack.smuid)
+        entry.disarm()
+        del self.in_flight[entry.deliver.smuid]
+        self.gateway.metrics.ack_latency.observe(time.monotonic() - entry.notified_at)
+        self.gateway.book.acknowledged(self.session.account, entry.deliver.smuid)
         self.send_next()
 
     async def _write_loop(self) -> None:
@@ -352,9 +357,11 @@ class Connection:
         self.writer.transport.abort()
 
     def _ack_settled(self, ack: Ack) -> bool:
-        """After the reply to a client's 310 ACK: False if it was not durable (end this login)."""
-        if self.acking:
-            self._ack_written(ack)
+        """After the reply to a client's 310 ACK: False if it was not durable (end this login;
+        it and every other NOTIFY in flight stay pending for the account)."""
+        entry = self.in_flight.get(ack.smuid)
+        if entry is not None and entry.acking:
+            self._ack_written(entry)
             return True
         self.closing = True  # the message stays pending for the account
         self.reader.feed_eof()
@@ -379,69 +386,66 @@ class Connection:
             self.send(frame)
 
     def send_next(self) -> None:
-        """Send the next NOTIFY MESSAGE if none awaits its two-phase ACK and its topic is not suspended."""
-        if self.closing or self.in_flight is not None or self.acking:
+        """Send NOTIFY MESSAGEs of topics not suspended while fewer than the session's window
+        (1: the spec's two-phase commit) await their ACK."""
+        if self.closing:
             return
-        while (deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
+        window = self.session.notify_window
+        while len(self.in_flight) < window and (
+                deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
             frame = self.session.notify(deliver)
-            if self.session.awaiting_ack is None:  # not guaranteed: no two-phase ACK, on to the next
-                self.notify(frame)
-                continue
-            self.in_flight = deliver
-            self.notified_at = time.monotonic()
+            if self.session.awaits(deliver.smuid):  # guaranteed: it awaits its two-phase ACK
+                entry = self.in_flight[deliver.smuid] = _InFlight(deliver, time.monotonic())
+                self._arm(entry)
             self.notify(frame)
-            self.retries = 0
-            self._arm(deliver)
-            return
 
     # -- retries (spec 5.1: retry timeout, maximum retries per message per client)
 
-    def _arm(self, deliver: Deliver) -> None:
-        """Start ``deliver``'s retry timeout (the topic's ``retry_timeout_s``)."""
-        self._disarm()
-        delay = self.gateway.queue_params(deliver.topic).retry_timeout_s
-        self.retry = asyncio.get_running_loop().call_later(delay, self._retry_due, deliver)
+    def _arm(self, entry: _InFlight) -> None:
+        """Start ``entry``'s retry timeout (its topic's ``retry_timeout_s``)."""
+        entry.disarm()
+        delay = self.gateway.queue_params(entry.deliver.topic).retry_timeout_s
+        entry.retry = asyncio.get_running_loop().call_later(delay, self._retry_due, entry)
 
-    def _disarm(self) -> None:
-        if self.retry is not None:
-            self.retry.cancel()
-            self.retry = None
-
-    def _retry_due(self, deliver: Deliver) -> None:
-        """No ``310 ACK`` within the retry timeout: tell the job (a NACK, which it counts) and send
-        the NOTIFY again, up to the topic's ``max_retries``; past them, wait for the job to
-        withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
-        self.retry = None
-        if self.closing or self.in_flight is not deliver or self.acking:
+    def _retry_due(self, entry: _InFlight) -> None:
+        """No ``310 ACK`` of this NOTIFY within the retry timeout: tell the job (a NACK, which it
+        counts) and send it (only it) again, up to the topic's ``max_retries``; past them, wait for
+        the job to withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
+        entry.retry = None
+        deliver = entry.deliver
+        if self.closing or self.in_flight.get(deliver.smuid) is not entry or entry.acking:
             return
-        self.retries += 1
+        entry.retries += 1
         self.gateway.nack(self.session.account, self.session.guid, deliver)
-        if self.retries <= self.gateway.queue_params(deliver.topic).max_retries:
+        if entry.retries <= self.gateway.queue_params(deliver.topic).max_retries:
             self.notify(self.session.notify_again(deliver))
-            self._arm(deliver)
+            self._arm(entry)
+
+    def _abandon(self, entry: _InFlight) -> None:
+        """``entry`` no longer awaits a ``310 ACK`` here (the ACK of it is not being made durable)."""
+        entry.disarm()
+        del self.in_flight[entry.deliver.smuid]
+        self.session.notify_abandoned(entry.deliver.smuid)
 
     def withdraw(self, smuid: int) -> None:
         """The job settled ``smuid`` unacknowledged (expired, out of retries): never NOTIFY it
         (again) here; a NOTIFY of it in flight no longer awaits a ``310 ACK``."""
         self.queue.discard(smuid)
-        if self.in_flight is not None and self.in_flight.smuid == smuid and not self.acking:
-            self._disarm()
-            self.in_flight = None
-            self.session.notify_abandoned()
+        entry = self.in_flight.get(smuid)
+        if entry is not None and not entry.acking:
+            self._abandon(entry)
             self.send_next()
 
     def channel_lost(self, channel: NotifyChannel) -> None:
-        """The notification port closed: its NOTIFY in flight goes back to the queue, notifications
+        """The notification port closed: its NOTIFYs in flight go back to the queue, notifications
         come in-band again."""
         if self.channel is not channel:
             return
         self.channel = None
-        if self.in_flight is not None and not self.acking:
-            self._disarm()
-            self.queue.requeue(self.in_flight)
-            self.in_flight = None
-            self.session.notify_abandoned()
-            self.send_next()
+        for entry in [e for e in self.in_flight.values() if not e.acking]:
+            self._abandon(entry)
+            self.queue.requeue(entry.deliver)
+        self.send_next()
 
 
 class NotifyChannel:
@@ -481,7 +485,7 @@ class NotifyChannel:
             while line := await self.reader.readline():
                 for action in connection.session.channel_ack(line.rstrip(b"\r\n")):
                     if isinstance(action, Durable):
-                        pending = connection._make_durable(action)
+                        pending = connection._make_durable(action, batch_acks=False)
                         self.write(await connection._settle(pending))
                         if not connection._ack_settled(pending.ack):
                             return
@@ -496,6 +500,22 @@ class NotifyChannel:
 
 def _unavailable() -> bytes:
     return Reply(SERVICE_UNAVAILABLE, ("Service unavailable: message store not reachable",)).to_bytes()
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A guaranteed NOTIFY sent on a connection and not yet acknowledged for good."""
+
+    deliver: Deliver
+    notified_at: float  # when it was first sent (monotonic), for the ACK latency histogram
+    retry: asyncio.TimerHandle | None = None  # its retry timeout
+    retries: int = 0  # NACKs of it this connection sent
+    acking: bool = False  # the client's 310 ACK of it is being made durable
+
+    def disarm(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
 
 
 @dataclass

@@ -57,6 +57,12 @@ class GatewayConfig:
     # are not read, a notification that would pass it closes it
     max_buffered_bytes: int = 4 << 20
     stalled_client_timeout_s: float = 30.0  # a client past half of max_buffered_bytes this long is closed
+    # SET NOTIFY WINDOW (extension): the most guaranteed NOTIFYs one login may ask to have awaiting ACK
+    max_notify_window: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.max_notify_window < 1:
+            raise ValueError(f"[gateway] max_notify_window must be at least 1, not {self.max_notify_window}")
 
 
 @dataclass(frozen=True)

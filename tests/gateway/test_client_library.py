@@ -726,3 +726,61 @@ def test_a_retried_notify_is_handed_over_once_so_it_gets_one_310_ack():
                 assert got == [1835, 1836]
                 await client.quit()
     run(body)
+
+
+def notify_of(smuid: int) -> bytes:
+    return NOTIFY_MESSAGE.replace(b"www.host.com/1835", f"www.host.com/{smuid}".encode())
+
+
+def test_in_a_notify_window_acks_name_their_message_and_overlap():
+    """After SET NOTIFY WINDOW 3 the server sends three NOTIFYs at once; each ack() sends
+    310 ACK <smuid>, all three are outstanding together, and a retry of one still awaiting its
+    ACK exchange is handed over once."""
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"SET NOTIFY WINDOW 3\r\n\r\n")
+        await conn.send(OK + notify_of(1) + notify_of(2) + notify_of(1) + notify_of(3))  # 1 twice: a retry
+        await conn.expect(b"310 ACK www.host.com/3\r\n\r\n310 ACK www.host.com/1\r\n\r\n310 ACK www.host.com/2\r\n\r\n")
+        await conn.send(b"310 ACK www.host.com/3\r\n\r\n310 ACK www.host.com/1\r\n\r\n310 ACK www.host.com/2\r\n\r\n")
+        await conn.steps(QUIT)
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            async with await logged_in(server) as client:
+                await client.set_notify_window(3)
+                notes = [await client.next_notification(STEP_TIMEOUT) for _ in range(3)]
+                assert [note.smuid for note in notes] == [1, 2, 3]
+                acks = [asyncio.ensure_future(notes[i].ack()) for i in (2, 0, 1)]
+                await asyncio.wait_for(asyncio.gather(*acks), STEP_TIMEOUT)
+                await client.quit()
+    run(body)
+
+
+def test_a_310_reply_naming_another_message_is_a_protocol_error():
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"SET NOTIFY WINDOW 2\r\n\r\n")
+        await conn.send(OK + notify_of(1))
+        await conn.expect(b"310 ACK www.host.com/1\r\n\r\n")
+        await conn.send(b"310 ACK www.host.com/7\r\n\r\n")
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            async with await logged_in(server) as client:
+                await client.set_notify_window(2)
+                note = await client.next_notification(STEP_TIMEOUT)
+                with pytest.raises(cp.ServerProtocolError, match="www.host.com/1"):
+                    await note.ack()
+    run(body)
+
+
+def test_cli_sub_window_sets_the_window_and_acknowledges_by_smuid(capsys):
+    script = steps(LOGIN, [
+        (b"SET NOTIFY WINDOW 5\r\n\r\n", OK),
+        (b"SUB MESSAGE /stocks/*\r\n\r\n", b"200-OK\r\n200 /stocks/ibm\r\n\r\n" + notify_of(1) + notify_of(2)),
+        (b"310 ACK www.host.com/1\r\n\r\n", b"310 ACK www.host.com/1\r\n\r\n"),
+        (b"310 ACK www.host.com/2\r\n\r\n", b"310 ACK www.host.com/2\r\n\r\n"),
+    ], QUIT)
+    with ThreadedServer(script) as server:
+        assert smqp(server, "sub", "/stocks/*", "--window", "5", "--count", "2") == 0
+    assert capsys.readouterr().out == "/stocks/quotes/ibm 1 34.456\n/stocks/quotes/ibm 2 34.456\n"
