@@ -216,15 +216,24 @@ _VALID = """coalesce(
       FALSE)"""
 
 
-def parse_commands_sql(records: str) -> str:
-    """SQL of :func:`parse_commands` over the relation ``records``."""
-    return f"""SELECT * FROM (
-  SELECT e.*, seq, kafka_partition, kafka_offset FROM (
+def decoded_records_sql(records: str) -> str:
+    """SQL: every Kafka record of ``records`` as :data:`EVENTS` columns, all null where its value is not
+    a JSON object (the job's sink decodes them in Python instead: ``streaming.sink.decode_records``)."""
+    return f"""SELECT e.*, seq, kafka_partition, kafka_offset FROM (
     SELECT from_json(CAST(value AS STRING), '{COMMAND_EVENT.simpleString()}') AS e,
            named_struct('timestamp', `timestamp`, 'partition', `partition`, 'offset', `offset`) AS seq,
            `partition` AS kafka_partition, `offset` AS kafka_offset
-    FROM {records}))
-WHERE {_VALID}"""
+    FROM {records})"""
+
+
+def valid_events_sql(decoded: str) -> str:
+    """SQL: the rows of ``decoded`` (:data:`EVENTS`) that are commands: a known ``type`` with the fields it needs."""
+    return f"SELECT * FROM {decoded} WHERE {_VALID}"
+
+
+def parse_commands_sql(records: str) -> str:
+    """SQL of :func:`parse_commands` over the relation ``records``."""
+    return valid_events_sql(f"({decoded_records_sql(records)})")
 
 
 def parse_commands(records: DataFrame) -> DataFrame:

@@ -10,7 +10,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming import routing
-from streaming.sink import OUTPUTS, CommandSink, batch_now
+from streaming.sink import OUTPUTS, CommandSink, batch_now, decode_records
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -124,3 +124,31 @@ def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
     assert sorted(zip(out["deliveries"].column("account").to_pylist(), out["deliveries"].column("smuid").to_pylist(),
                       out["deliveries"].column("status").to_pylist())) == [
         ("", 4, "expired"), ("", 5, "unrouted"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "pending")]
+
+
+def test_decoding_in_python_gives_the_events_from_json_gives(spark):
+    """The sink decodes records in Python (``decode_records``); the routing query's ``events`` are
+    then the same rows :func:`routing.parse_commands` (Spark's ``from_json``) makes of them,
+    malformed records dropped alike."""
+    section = ev.Section([("Content-Type", "text/plain"), ("X-A", "b")], b"\x00\xffhi")
+    values = [
+        ev.Publish(1, "/t/x", "c1", "alice", "ga", US0, 3, [("Name", "n"), ("X-Y", "z")], [section],
+                   expires_at=US0 + 5, receipt="all", delivery="one").to_bytes(),
+        ev.Subscribe("bob", "gb", "/t/*", US0 + 1, since=US0, until=US0 + 9).to_bytes(),
+        ev.Ack("bob", "gb", 1, US0 + 2).to_bytes(),
+        ev.CreateTopic(request="r1", account="alice", topic="/t/y", accepted_at=US0 + 3).to_bytes(),
+        b'{"type":"ack","account":"bob","smuid":2,"accepted_at":1,"unknown":[1,{"a":2}]}',  # extra field
+        b'{"type":"ack","account":"bob","smuid":"two","accepted_at":1}',  # smuid of the wrong type
+        b'{"type":"ack","account":"bob"}',  # no smuid
+        b"[1, 2]", b"not json", b"", None,
+    ]
+    rows = [(None, value, "cmd", 2, 40 + i, T0 + timedelta(milliseconds=i), 0) for i, value in enumerate(values)]
+    records = spark.createDataFrame(rows, KAFKA_RECORD)
+
+    decoded = spark.createDataFrame(decode_records(records.toArrow()), routing.EVENTS)
+    ours = routing.run_sql(routing.valid_events_sql("{decoded}"), {"decoded": decoded})
+
+    assert decoded.count() == len(values)  # one row per record: the sink's progress counts them all
+    assert_df_equality(ours, routing.parse_commands(records), ignore_row_order=True, ignore_nullable=True)
+    # publish, subscribe, ack and the ack with an extra field route; registry events are not routed
+    assert sorted(r.kafka_offset for r in ours.collect()) == [40, 41, 42, 44]
