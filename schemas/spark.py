@@ -104,7 +104,9 @@ SUBSCRIPTIONS_TABLE = _struct(
 #: ``receipt``: the message's RECEIPT mode, so receipts need no join with ``messages``.
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.
 #: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
-#: reached no subscriber and can expire, status "unrouted" until it does ("expired").
+#: reached no subscriber and can expire, status "unrouted" until it does ("expired"), a late
+#: subscriber takes it ("routed": its delivery to that subscriber expires or not from then on)
+#: or its topic is removed ("trashed", reason topic_removed).
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),

@@ -125,6 +125,13 @@ RETRYING = StructType([
     StructField("delivery", StringType(), True),
 ])
 
+#: New statuses of stored ``unrouted`` rows (account ``''``): ``routed`` (a late subscriber took the
+#: message) or ``trashed`` (its topic was removed).
+NOBODY_UPDATES = StructType([
+    StructField("smuid", LongType(), True),
+    StructField("status", StringType(), True),
+])
+
 #: Output of :func:`released`: DELIVERY ONE deliveries NACKed away from ``account`` to ``to``.
 RELEASED = StructType([
     StructField("account", StringType(), True),
@@ -422,6 +429,77 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
     return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
 
 
+# -- late subscribers
+
+#: The stored deliveries a batch's new subscribers already have among the :func:`late` candidates.
+HELD = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+])
+
+
+def _opened_sql(intervals: str) -> str:
+    """SQL: the intervals this batch's SUBSCRIBEs opened that start a subscription (not a re-SUBSCRIBE
+    redefining SINCE/UNTIL, whose previous interval ends where it opens) and are still open."""
+    return f"""SELECT s.account, s.pattern, s.from_seq, s.since, s.until FROM {intervals} s
+WHERE s.from_seq IS NOT NULL AND s.to_seq IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {intervals} p
+                  WHERE p.account = s.account AND p.pattern = s.pattern AND p.to_seq = s.from_seq)"""
+
+
+def late_sql(events: str, intervals: str, stored: str, held: str, routed_all: str, now: int | None) -> str:
+    """SQL of :func:`late` over the relations ``events``, ``intervals``, ``stored``, ``held`` and
+    ``routed_all`` (:func:`route_all_sql`'s rows)."""
+    publishes = _first_per("smuid", "seq", events, "type = 'publish'")
+    columns = ("smuid, topic, cmuid, publisher, publisher_guid, accepted_at, priority, headers, sections, seq, "
+               "expires_at, receipt, delivery")
+    candidates = f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, unix_micros(accepted_at) AS accepted_at,
+       priority, headers, sections, CAST(NULL AS {_SEQ_DDL}) AS seq, unix_micros(expires_at) AS expires_at,
+       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery, FALSE AS _taken
+FROM {_first_per("smuid", "batch_id", stored)} WHERE smuid NOT IN (SELECT smuid FROM {publishes})
+UNION ALL
+SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers, sections,
+       seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery,
+       EXISTS (SELECT 1 FROM {routed_all} r WHERE r.smuid = p.smuid AND r.account <> '') AS _taken
+FROM {publishes} p"""
+    return f"""SELECT account, {columns} FROM (
+  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account)) AS _one FROM (
+    SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
+      SELECT s.account, c.smuid, c.topic, c.cmuid, c.publisher, c.publisher_guid, c.accepted_at, c.priority,
+             c.headers, c.sections, s.from_seq AS seq, c.expires_at, c.receipt, c.delivery
+      FROM (SELECT *, {_micros_to_ts("accepted_at")} AS _at, explode({candidate_patterns_sql("topic")}) AS _pattern
+            FROM ({candidates}) WHERE NOT {_expired("expires_at", now)} AND NOT (delivery = 'one' AND _taken)) c
+      JOIN ({_opened_sql(intervals)}) s
+      ON s.pattern = c._pattern AND (c.seq IS NULL OR c.seq < s.from_seq)
+         AND (s.since IS NULL OR s.since <= c._at) AND (s.until IS NULL OR c._at < s.until)) m
+    WHERE NOT EXISTS (SELECT 1 FROM {held} h WHERE h.account = m.account AND h.smuid = m.smuid)
+      AND NOT EXISTS (SELECT 1 FROM {routed_all} r WHERE r.account = m.account AND r.smuid = m.smuid))
+  WHERE _d = 1)
+WHERE delivery <> 'one' OR _one = 1"""
+
+
+def late(events: DataFrame, intervals: DataFrame, stored: DataFrame, held: DataFrame, routed_all: DataFrame,
+         now: int | None) -> DataFrame:
+    """Messages published before a SUBSCRIBE that still reach it → :data:`DELIVERIES`.
+
+    A message lives for its timeout (issue 4): a subscription this batch starts
+    (:func:`_opened_sql`; a re-SUBSCRIBE only redefines SINCE/UNTIL and gets
+    nothing again) gets every message on a topic it matches that was accepted
+    before it and is not expired at ``now`` (a state message never is), within
+    its SINCE/UNTIL, unless that account already has a delivery of it: stored
+    (``held``, :data:`HELD`) or routed in this batch (``routed_all``).  The
+    messages are the stored ones (``stored``: ``MESSAGES_TABLE`` columns, the
+    sink reads the not yet expired ones of the subscribed topics) and this
+    batch's publishes before the SUBSCRIBE.  A DELIVERY ONE message goes only
+    when nobody holds it (the sink reads no stored one that anybody holds), to
+    one of the new subscribers, picked by a hash like :func:`route`.  ``seq``
+    is the SUBSCRIBE's: these Delivers answer it.
+    """
+    return run_sql(late_sql("{events}", "{intervals}", "{stored}", "{held}", "{routed_all}", now),
+                   {"events": events, "intervals": intervals, "stored": stored, "held": held,
+                    "routed_all": routed_all})
+
+
 # -- Delta rows
 
 
@@ -704,9 +782,9 @@ FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid 
 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
                          now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
-                         retried: str | None = None, released: str | None = None) -> str:
+                         retried: str | None = None, released: str | None = None, nobody: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``, ``retried``, ``released``: empty when None)."""
+    ``expiring``, ``retried``, ``released``, ``nobody``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
@@ -714,6 +792,7 @@ def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: d
     retried = retried or empty_sql(RETRIED)
     routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
     released = released or empty_sql(RELEASED)
+    nobody = nobody or empty_sql(NOBODY_UPDATES)
     no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt, CAST(NULL AS STRING) AS delivery"
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
@@ -754,13 +833,19 @@ SELECT x.account, x.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS p
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
        CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
-FROM {released} x"""
+FROM {released} x
+UNION ALL
+SELECT '' AS account, n.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, n.status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {nobody} n"""
 
 
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
                      now: int | None = None, unrouted: DataFrame | None = None,
                      expiring: DataFrame | None = None, retried: DataFrame | None = None,
-                     released: DataFrame | None = None) -> DataFrame:
+                     released: DataFrame | None = None, nobody: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -776,10 +861,13 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     rows with their new ``retries`` and status ``retry`` (update the count
     only) or ``trashed`` (out of retries); :func:`released` ones are ``is_new =
     false`` rows with status ``released`` (their new subscriber's row comes in
-    ``deliveries``).  One row per (account, smuid).
+    ``deliveries``).  ``nobody`` (:data:`NOBODY_UPDATES`) sets the status of stored ``unrouted``
+    rows: ``routed`` once a late subscriber took the message (its delivery expires, or not, from
+    then on), ``trashed`` once its topic was removed.  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
-    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released}
+    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released,
+                "nobody": nobody}
     frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
                                         *("{%s}" % name if frame is not None else None

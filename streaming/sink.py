@@ -137,7 +137,7 @@ def _as_struct(kind: StructType) -> str:
 
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
-              retries: bool = True, receipts: bool = True, one: bool = True) -> str:
+              retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
@@ -153,7 +153,9 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     what cannot is left out of the plan (the whole of expiry would cost every
     micro-batch about twice as many shuffles); so is the retry count when the batch holds
     no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
-    and picking one subscriber when no publish is DELIVERY ONE (``one``).  A smaller plan is
+    and picking one subscriber when no publish is DELIVERY ONE (``one``).  ``late``: the batch
+    holds a SUBSCRIBE, so earlier messages may reach it (:func:`routing.late`, over the relations
+    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
@@ -162,9 +164,14 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "events": routing.parse_commands_sql("{records}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
         "routed_all": routing.route_all_sql("events", "intervals", one),
-        "routed": "SELECT * FROM routed_all WHERE account <> ''",
+        "late": (routing.late_sql("events", "intervals", "{late_stored}", "{late_held}", "routed_all", now) if late
+                 else _empty(routing.DELIVERIES)),
+        "routed": "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else ""),
         "acks": routing.extract_acks_sql("events"),
-        "unrouted": routing.unrouted_of_sql("routed_all"),
+        "unrouted": (f"SELECT * FROM ({routing.unrouted_of_sql('routed_all')}) "
+                     "WHERE smuid NOT IN (SELECT smuid FROM late)" if late else routing.unrouted_of_sql("routed_all")),
+        "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
+                   else _empty(routing.NOBODY_UPDATES)),
         "expiring": (routing.expiring_sql("routed" if new else routing.empty_sql(routing.DELIVERIES),
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
@@ -196,7 +203,7 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried", "released"),
+                                                       "unrouted", "expiring", "retried", "released", "nobody"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -262,6 +269,21 @@ def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
             event = json.loads(raw)
             keys.add((str(event["account"]), int(event["smuid"])))
     return sorted(keys)
+
+
+_SUBSCRIBE = re.compile(r'^\{\s*"type"\s*:\s*"subscribe"')
+
+
+def subscribes(records: pa.Table) -> list[tuple[str, str]]:
+    """The (account, pattern) pairs the batch's SUBSCRIBE records name (rare: decoded in Python)."""
+    values = pc.cast(records.column("value"), pa.string())
+    found = values.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))
+    pairs = set()
+    for raw in found.to_pylist():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            event = json.loads(raw)
+            pairs.add((str(event["account"]), str(event["pattern"])))
+    return sorted(pairs)
 
 
 _ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
@@ -441,6 +463,39 @@ class CommandSink:
         arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(smuids, pa.int64())))
         return arrow.cast(schema)
 
+    def late_candidates(self, deliveries: DeltaTable, subscribed: list[tuple[str, str]],
+                        now: int | None) -> tuple[pa.Table, pa.Table]:
+        """What late subscribers may get (:func:`routing.late`): the stored messages (columns
+        :data:`_STORED_COLUMNS`) on the topics the batch's SUBSCRIBEs (``subscribed``: (account,
+        pattern)) cover that are not expired at ``now`` nor in the Trash as a whole, leaving out
+        DELIVERY ONE messages somebody holds; and which of them those accounts hold already
+        (:data:`routing.HELD`).  Read only for a batch with a SUBSCRIBE."""
+        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS]))
+        held_schema = arrow_schema(routing.HELD)
+        if not subscribed:
+            return schema.empty_table(), held_schema.empty_table()
+        quoted = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
+        matches = " OR ".join(f"starts_with(topic, {quoted(pattern[:-1])})" if pattern.endswith("/*")
+                              else f"topic = {quoted(pattern)}" for pattern in sorted({p for _, p in subscribed}))
+        alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
+        candidates = f"""SELECT {", ".join(_STORED_COLUMNS)} FROM messages
+WHERE {alive}({matches})
+  AND NOT (coalesce(delivery, 'all') = 'one' AND smuid IN (SELECT smuid FROM deliveries WHERE delivery = 'one'))
+  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""
+        accounts = ", ".join(quoted(account) for account in sorted({a for a, _ in subscribed}))
+
+        def query(sql: str) -> pa.Table:
+            return pa.table(QueryBuilder().register("messages", self._table("messages"))
+                            .register("deliveries", deliveries).register("trash", self._table("trash"))
+                            .execute(sql))
+
+        stored = query(candidates)
+        if not stored.num_rows:
+            return schema.empty_table(), held_schema.empty_table()
+        held = query(f"SELECT account, smuid FROM deliveries WHERE account IN ({accounts}) "
+                     f"AND smuid IN (SELECT smuid FROM ({candidates}))")
+        return stored.select(schema.names).cast(schema), held.cast(held_schema)
+
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
         (no py4j round trips for the common case: nothing expires)."""
@@ -473,12 +528,16 @@ class CommandSink:
         receipted = self.receipted(concerned)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)))
+        subscribed = subscribes(arrow_records)
+        late_stored, late_held = self.late_candidates(deliveries, subscribed, now)
         # One scan of the source: every branch of the query would otherwise re-read it.
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
         sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
-                        state.num_rows > 0, has_delivery_one(arrow_records))
+                        state.num_rows > 0, has_delivery_one(arrow_records), bool(subscribed))
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
+                                    ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
+                                    ("late_held", late_held, routing.HELD),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
                                     ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):
@@ -513,20 +572,13 @@ class CommandSink:
         if not progress:
             return
         futures = self._emit(_by_seq(out["deliver"])) + self._emit(_by_seq(out["acked"]))
-        if out["expired"].num_rows:
-            # Expiry is decided from the deliveries table: once its commit marks them expired, a replay
-            # would not announce them again, so they must be out before that commit.
+        if out["expired"].num_rows or subscribes(records):
+            # Expiry, and what late subscribers get, are decided from the deliveries table: once its
+            # commit holds them, a replay would not announce them again, so they must be out before.
             futures += self._emit(out["expired"])
             self._flush(futures)
             futures = []
-        self._commit_messages(out["messages"], batch_id)
-        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
-        deliveries = out["deliveries"]
-        nobody = pc.equal(deliveries.column("account"), "")
-        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
-        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
-        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
-        self._commit_subscriptions(out["subscriptions"], batch_id)
+        self.commit_outputs(out, batch_id)
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
@@ -560,6 +612,18 @@ class CommandSink:
                                f"not acknowledged: {failed[0]!r}")
 
     # -- Delta
+
+    def commit_outputs(self, out: dict[str, pa.Table], batch_id: int) -> None:
+        """Commit the Delta outputs of :meth:`outputs`, each table idempotently for ``batch_id``,
+        ``subscriptions`` last (see the module docstring)."""
+        self._commit_messages(out["messages"], batch_id)
+        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
+        deliveries = out["deliveries"]
+        nobody = pc.equal(deliveries.column("account"), "")
+        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
+        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
+        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
+        self._commit_subscriptions(out["subscriptions"], batch_id)
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
         rows = _to_table(arrow, "messages")
@@ -602,6 +666,10 @@ class CommandSink:
             .when_matched_update(
                 updates={"status": "s.status"},
                 predicate="s.status = 'released' AND t.status = 'pending'",
+            )
+            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed
+                updates={"status": "s.status"},
+                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status = 'unrouted'",
             )
             .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
                 updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",

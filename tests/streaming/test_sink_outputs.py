@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from chispa import assert_df_equality
+from deltalake import DeltaTable
 
 from schemas import events as ev
 from schemas.config import load_config
@@ -124,3 +125,38 @@ def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
     assert sorted(zip(out["deliveries"].column("account").to_pylist(), out["deliveries"].column("smuid").to_pylist(),
                       out["deliveries"].column("status").to_pylist())) == [
         ("", 4, "expired"), ("", 5, "unrouted"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "pending")]
+
+
+def run_batch(spark, sink, batch_id, commands, offset=0) -> dict:
+    """One batch of ``commands`` through ``sink.outputs``, committed to Delta as the sink does."""
+    rows = [(None, c.to_bytes(), "cmd", 0, offset + i, T0 + timedelta(milliseconds=offset + i), 0)
+            for i, c in enumerate(commands)]
+    out = sink.outputs(spark.createDataFrame(rows, KAFKA_RECORD), batch_id, T0)
+    sink.commit_outputs(out, batch_id)
+    return out
+
+
+def delivered(out) -> list[tuple[str, int]]:
+    return sorted((d.account, d.smuid) for d in map(ev.decode, out["deliver"].column("value").to_pylist()))
+
+
+def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp_path):
+    """Messages stored by an earlier batch reach a SUBSCRIBE of a later one while they live; one
+    that reached nobody is no longer ``unrouted`` once taken (so never trashed as undeliverable)."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [
+        ev.Subscribe("ann", "ga", "/t/x", US0),
+        ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, expires_at=US0 + 60_000_000),  # reaches ann
+        ev.Publish(2, "/t/y", "c2", "alice", "gp", US0 + 2, expires_at=US0 + 60_000_000),  # reaches nobody
+        ev.Publish(3, "/t/y", "c3", "alice", "gp", US0 + 3, expires_at=US0 + 5_000_000),  # expired below
+        ev.Publish(4, "/t/y", "c4", "alice", "gp", US0 + 4),  # a state message
+    ])
+    out = run_batch(spark, sink, 1, [ev.Tick(US0 + 10_000_000), ev.Subscribe("bob", "gb", "/t/*", US0 + 10_000_000),
+                                     ev.Subscribe("ann", "ga", "/t/*", US0 + 10_000_001)], offset=10)
+    assert delivered(out) == [("ann", 2), ("ann", 4), ("bob", 1), ("bob", 2), ("bob", 4)]
+    assert out["trash"].column("reason").to_pylist() == ["undeliverable"]  # 3, expired before anyone came
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in unrouted) == [(2, "routed"), (3, "expired")]
+    # the next SUBSCRIBE of bob's (a new pattern) gets nothing twice
+    again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/y", US0 + 10_000_002)], offset=20)
+    assert delivered(again) == []
