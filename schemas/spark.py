@@ -99,7 +99,8 @@ SUBSCRIPTIONS_TABLE = _struct(
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
 #: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
 #: (its message's expiry passed unacknowledged) | "trashed" (``max_retries`` NOTIFYs unacknowledged)
-#: | "released" (DELIVERY ONE: NACKed, so handed to another subscriber, whose row is "pending").
+#: | "released" (DELIVERY ONE: NACKed, so handed to another subscriber, whose row is "pending")
+#: | "cleared" (the subscriber SUBSCRIBEd again with a SINCE after the message's acceptance).
 #: ``retries``: NOTIFYs of it the subscriber left unacknowledged (null: none).
 #: ``receipt``: the message's RECEIPT mode, so receipts need no join with ``messages``.
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.

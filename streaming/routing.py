@@ -500,6 +500,58 @@ def late(events: DataFrame, intervals: DataFrame, stored: DataFrame, held: DataF
                     "routed_all": routed_all})
 
 
+# -- SINCE clears what is pending
+
+#: Stored pending deliveries of the accounts that SUBSCRIBE with SINCE in a batch, with their
+#: message's acceptance time (``deliveries`` rows joined with ``messages``).
+CLEARABLE = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("topic", StringType(), True),
+    StructField("accepted_at", TimestampType(), True),
+])
+
+#: Output of :func:`cleared`: pending deliveries a new SINCE cleared (``seq``: that SUBSCRIBE's).
+CLEARED = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("seq", SEQ, True),
+])
+
+
+def cleared_sql(intervals: str, clearable: str, acks: str, expiring: str, retried: str, released: str) -> str:
+    """SQL of :func:`cleared` over the relations ``intervals``, ``clearable``, ``acks``, ``expiring``,
+    ``retried`` and ``released``."""
+    return f"""SELECT account, smuid, seq FROM (
+  SELECT c.account, c.smuid, s.from_seq AS seq,
+         row_number() OVER (PARTITION BY c.account, c.smuid ORDER BY s.from_seq) AS _n
+  FROM (SELECT *, explode({candidate_patterns_sql("topic")}) AS _pattern FROM {clearable}) c
+  JOIN {intervals} s ON s.account = c.account AND s.pattern = c._pattern
+       AND s.from_seq IS NOT NULL AND s.since IS NOT NULL AND c.accepted_at < s.since) x
+WHERE _n = 1
+  AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = x.account AND a.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = x.account AND e.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {retried} r WHERE r.account = x.account AND r.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {released} r WHERE r.account = x.account AND r.smuid = x.smuid)"""
+
+
+def cleared(intervals: DataFrame, clearable: DataFrame, acks: DataFrame, expiring: DataFrame, retried: DataFrame,
+            released: DataFrame) -> DataFrame:
+    """Pending deliveries a SUBSCRIBE with SINCE clears → :data:`CLEARED`.
+
+    Spec 4.1.9.1: a SUB MESSAGE with SINCE (a new subscription or a re-SUBSCRIBE
+    redefining it) clears that subscriber's pending messages accepted before
+    SINCE on the topics its pattern matches (``clearable``, :data:`CLEARABLE`:
+    stored pending deliveries).  Their rows become ``cleared`` and an ``Acked``
+    with reason ``cleared`` withdraws them from the gateways.  What this batch
+    acknowledges, expires, retries or hands on is left alone (that wins), as
+    are deliveries routed in this batch itself.
+    """
+    return run_sql(cleared_sql("{intervals}", "{clearable}", "{acks}", "{expiring}", "{retried}", "{released}"),
+                   {"intervals": intervals, "clearable": clearable, "acks": acks, "expiring": expiring,
+                    "retried": retried, "released": released})
+
+
 # -- Delta rows
 
 
@@ -782,9 +834,10 @@ FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid 
 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
                          now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
-                         retried: str | None = None, released: str | None = None, nobody: str | None = None) -> str:
+                         retried: str | None = None, released: str | None = None, nobody: str | None = None,
+                         cleared: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``, ``retried``, ``released``, ``nobody``: empty when None)."""
+    ``expiring``, ``retried``, ``released``, ``nobody``, ``cleared``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
@@ -793,6 +846,7 @@ def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: d
     routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
     released = released or empty_sql(RELEASED)
     nobody = nobody or empty_sql(NOBODY_UPDATES)
+    cleared = cleared or empty_sql(CLEARED)
     no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt, CAST(NULL AS STRING) AS delivery"
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
@@ -835,6 +889,12 @@ SELECT x.account, x.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS p
        CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
 FROM {released} x
 UNION ALL
+SELECT c.account, c.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'cleared' AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {cleared} c
+UNION ALL
 SELECT '' AS account, n.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, n.status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
@@ -845,7 +905,8 @@ FROM {nobody} n"""
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
                      now: int | None = None, unrouted: DataFrame | None = None,
                      expiring: DataFrame | None = None, retried: DataFrame | None = None,
-                     released: DataFrame | None = None, nobody: DataFrame | None = None) -> DataFrame:
+                     released: DataFrame | None = None, nobody: DataFrame | None = None,
+                     cleared: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -863,11 +924,12 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     false`` rows with status ``released`` (their new subscriber's row comes in
     ``deliveries``).  ``nobody`` (:data:`NOBODY_UPDATES`) sets the status of stored ``unrouted``
     rows: ``routed`` once a late subscriber took the message (its delivery expires, or not, from
-    then on), ``trashed`` once its topic was removed.  One row per (account, smuid).
+    then on), ``trashed`` once its topic was removed.  :func:`cleared` deliveries are ``is_new =
+    false`` rows with status ``cleared``.  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
     optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released,
-                "nobody": nobody}
+                "nobody": nobody, "cleared": cleared}
     frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
                                         *("{%s}" % name if frame is not None else None
@@ -912,10 +974,11 @@ def acked_records(acks: DataFrame) -> DataFrame:
     return run_sql(acked_records_sql("{acks}"), {"acks": acks})
 
 
-def expired_records_sql(expiring: str, retried: str, released: str | None = None) -> str:
-    """SQL of :func:`expired_records` over the relations ``expiring``, ``retried`` and ``released``
-    (none when None)."""
+def expired_records_sql(expiring: str, retried: str, released: str | None = None, cleared: str | None = None) -> str:
+    """SQL of :func:`expired_records` over the relations ``expiring``, ``retried``, ``released`` and
+    ``cleared`` (none when None)."""
     released = released or empty_sql(RELEASED)
+    cleared = cleared or empty_sql(CLEARED)
     return f"""SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'expired')) AS value,
        CAST(NULL AS {_SEQ_DDL}) AS seq
@@ -929,19 +992,26 @@ UNION ALL
 SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'released')) AS value,
        seq
-FROM {released}"""
+FROM {released}
+UNION ALL
+SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'cleared')) AS value,
+       seq
+FROM {cleared}"""
 
 
-def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None) -> DataFrame:
+def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None,
+                    cleared: DataFrame | None = None) -> DataFrame:
     """Stored deliveries that died unacknowledged → ``Acked`` records with the reason, so the
     gateways withdraw them from their books and queues: those that expired (:func:`expiring`,
     not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
-    (:func:`retried`, ``dead``), and DELIVERY ONE ones handed to another subscriber (:func:`released`)."""
+    (:func:`retried`, ``dead``), DELIVERY ONE ones handed to another subscriber (:func:`released`),
+    and those a new SINCE cleared (:func:`cleared`)."""
     frames = {"expiring": expiring, "retried": retried}
-    if released is not None:
-        frames["released"] = released
-    return run_sql(expired_records_sql("{expiring}", "{retried}", "{released}" if released is not None else None),
-                   frames)
+    optional = {"released": released, "cleared": cleared}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
+    return run_sql(expired_records_sql("{expiring}", "{retried}", *("{%s}" % name if frame is not None else None
+                                                                    for name, frame in optional.items())), frames)
 
 
 # -- receipts (2002 revision: RECEIPT ONE / ALL, and "X/Y" when the timeout passes first)

@@ -137,7 +137,8 @@ def _as_struct(kind: StructType) -> str:
 
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
-              retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False) -> str:
+              retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
+              clearing: bool = False) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
@@ -155,7 +156,9 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
     and picking one subscriber when no publish is DELIVERY ONE (``one``).  ``late``: the batch
     holds a SUBSCRIBE, so earlier messages may reach it (:func:`routing.late`, over the relations
-    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`).  A smaller plan is
+    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`); ``clearing``: one
+    of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
+    relation ``{clearable}``, :meth:`CommandSink.clearable`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
@@ -183,12 +186,14 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "reassigned": routing.reassigned_sql("released", "all_messages") if retries else _empty(routing.DELIVERIES),
         "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring", "released") if retries
                     else _empty(routing.RETRIED)),
+        "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
+                    if clearing else _empty(routing.CLEARED)),
         "dead": routing.dead_messages_sql("expiring", "retried"),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        "out_expired": routing.expired_records_sql("expiring", "retried", "released"),
+        "out_expired": routing.expired_records_sql("expiring", "retried", "released", "cleared"),
         "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
                          else _empty(routing.RECEIPTS_DUE)),
         "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
@@ -203,7 +208,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried", "released", "nobody"),
+                                                       "unrouted", "expiring", "retried", "released", "nobody",
+                                                       "cleared"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -274,16 +280,16 @@ def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
 _SUBSCRIBE = re.compile(r'^\{\s*"type"\s*:\s*"subscribe"')
 
 
-def subscribes(records: pa.Table) -> list[tuple[str, str]]:
-    """The (account, pattern) pairs the batch's SUBSCRIBE records name (rare: decoded in Python)."""
+def subscribes(records: pa.Table) -> list[tuple[str, str, bool]]:
+    """The (account, pattern, with SINCE) of the batch's SUBSCRIBE records (rare: decoded in Python)."""
     values = pc.cast(records.column("value"), pa.string())
     found = values.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))
-    pairs = set()
+    triples = set()
     for raw in found.to_pylist():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             event = json.loads(raw)
-            pairs.add((str(event["account"]), str(event["pattern"])))
-    return sorted(pairs)
+            triples.add((str(event["account"]), str(event["pattern"]), event.get("since") is not None))
+    return sorted(triples)
 
 
 _ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
@@ -496,6 +502,22 @@ WHERE {alive}({matches})
                      f"AND smuid IN (SELECT smuid FROM ({candidates}))")
         return stored.select(schema.names).cast(schema), held.cast(held_schema)
 
+    def clearable(self, deliveries: DeltaTable, accounts: list[str]) -> pa.Table:
+        """The stored pending deliveries of ``accounts`` (those SUBSCRIBing with SINCE in the batch)
+        with their message's acceptance time (:data:`routing.CLEARABLE`)."""
+        schema = arrow_schema(routing.CLEARABLE)
+        if not accounts:
+            return schema.empty_table()
+        listed = ", ".join("'" + account.replace("'", "''") + "'" for account in sorted(set(accounts)))
+        pending = pa.table(QueryBuilder().register("deliveries", deliveries).execute(
+            f"SELECT account, smuid, topic FROM deliveries WHERE status = 'pending' AND account IN ({listed})"))
+        if not pending.num_rows:
+            return schema.empty_table()
+        pending = pending.cast(pa.schema([("account", pa.string()), ("smuid", pa.int64()), ("topic", pa.string())]))
+        messages = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())))
+        joined = pending.join(messages.select(["smuid", "accepted_at"]), "smuid", join_type="inner")
+        return joined.select(schema.names).cast(schema)
+
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
         (no py4j round trips for the common case: nothing expires)."""
@@ -529,15 +551,17 @@ WHERE {alive}({matches})
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)))
         subscribed = subscribes(arrow_records)
-        late_stored, late_held = self.late_candidates(deliveries, subscribed, now)
+        late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
+        clearable = self.clearable(deliveries, [a for a, _, since in subscribed if since])
         # One scan of the source: every branch of the query would otherwise re-read it.
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
         sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
-                        state.num_rows > 0, has_delivery_one(arrow_records), bool(subscribed))
+                        state.num_rows > 0, has_delivery_one(arrow_records), bool(subscribed), clearable.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
                                     ("late_held", late_held, routing.HELD),
+                                    ("clearable", clearable, routing.CLEARABLE),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
                                     ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):
@@ -663,9 +687,9 @@ WHERE {alive}({matches})
                 updates={"retries": "s.retries"},
                 predicate="s.status = 'retry' AND t.status = 'pending'",
             )
-            .when_matched_update(
+            .when_matched_update(  # handed on (DELIVERY ONE), or cleared by a new SINCE
                 updates={"status": "s.status"},
-                predicate="s.status = 'released' AND t.status = 'pending'",
+                predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
             )
             .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed
                 updates={"status": "s.status"},

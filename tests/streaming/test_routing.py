@@ -803,3 +803,28 @@ def test_a_message_taken_by_a_late_subscriber_is_no_longer_unrouted(frames):
     nobody = frames.of(routing.NOBODY_UPDATES, (1, "routed"))
     updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 5, T0, NOW, nobody=nobody)
     assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("", 1, "routed", False)]
+
+
+# -- a new SINCE clears what is pending
+
+
+def test_a_subscribe_with_since_clears_the_pending_deliveries_accepted_before_it(frames):
+    events = frames.events(subscribe(5, "bob", "/news/*", since=-10), ack(6, "bob", 4),
+                           subscribe(7, "ann", "/news/x"))  # no SINCE: clears nothing
+    intervals = routing.subscription_intervals(frames.subs(sub_row("bob", "/news/*"), sub_row("ann", "/news/x")),
+                                               events)
+    clearable = frames.of(routing.CLEARABLE,
+                          ("bob", 1, "/news/x", ts(-20)),  # before SINCE: cleared
+                          ("bob", 2, "/news/x", ts(-10)),  # at SINCE: kept
+                          ("bob", 3, "/other", ts(-20)),  # another topic: kept
+                          ("bob", 4, "/news/y", ts(-20)),  # acknowledged in this batch: the ACK wins
+                          ("bob", 5, "/news/y", ts(-20)),  # expires in this batch: expiry wins
+                          ("ann", 6, "/news/x", ts(-20)))
+    acks, expiring = routing.extract_acks(events), frames.of(routing.EXPIRING, ("bob", 5, False))
+    cleared = routing.cleared(intervals, clearable, acks, expiring, no_retries(frames), frames.of(routing.RELEASED))
+    assert_df_equality(cleared, frames.of(routing.CLEARED, ("bob", 1, seq(5))), ignore_nullable=True)
+    records = [ev.decode(r.value) for r in routing.expired_records(frames.of(routing.EXPIRING), no_retries(frames),
+                                                                   None, cleared).collect()]
+    assert records == [ev.Acked("bob", 1, "cleared")]  # the gateways withdraw it
+    updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 5, T0, NOW, cleared=cleared)
+    assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("bob", 1, "cleared", False)]

@@ -160,3 +160,14 @@ def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp
     # the next SUBSCRIBE of bob's (a new pattern) gets nothing twice
     again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/y", US0 + 10_000_002)], offset=20)
     assert delivered(again) == []
+
+
+def test_a_subscribe_with_since_clears_what_is_pending_before_it(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),
+                               ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 3)])
+    out = run_batch(spark, sink, 1, [ev.Subscribe("bob", "gb", "/t/*", US0 + 5, since=US0 + 2)], offset=10)
+    assert [ev.decode(v) for v in out["expired"].column("value").to_pylist()] == [ev.Acked("bob", 1, "cleared")]
+    rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
