@@ -1041,9 +1041,18 @@ RECEIPT_MESSAGES = StructType(list(DELIVERIES.fields) + [
 ])
 
 
-def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str) -> str:
-    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring`` and ``receipted``."""
-    return f"""SELECT smuid, mode, acked, targeted FROM (
+def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str, messages: str | None = None) -> str:
+    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring``, ``receipted``
+    and ``messages`` (none when None)."""
+    messages = messages or empty_sql(MESSAGES_TABLE)
+    nobody = f"""SELECT e.smuid, lower(m.receipt) AS mode, 0 AS acked, 0 AS targeted
+FROM (SELECT DISTINCT smuid FROM {expiring} WHERE account = '') e
+JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
+WHERE lower(m.receipt) IN ('one', 'all') AND e.smuid NOT IN (SELECT smuid FROM {state})
+  AND e.smuid NOT IN (SELECT smuid FROM {receipted})"""
+    return f"""{nobody}
+UNION ALL
+SELECT smuid, mode, acked, targeted FROM (
   SELECT s.smuid, max(s.receipt) AS mode,
          CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
          CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
@@ -1056,7 +1065,8 @@ WHERE ((mode = 'one' AND acked >= 1) OR (mode = 'all' AND acked = targeted) OR e
   AND smuid NOT IN (SELECT smuid FROM {receipted})"""
 
 
-def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame) -> DataFrame:
+def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame,
+                 messages: DataFrame | None = None) -> DataFrame:
     """The receipts this batch owes → :data:`RECEIPTS_DUE`.
 
     ``state`` holds every stored delivery (:data:`RECEIPT_STATE`) of the
@@ -1065,10 +1075,15 @@ def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipt
     when every subscriber it was routed to acknowledged it, and either one,
     when its timeout passes first (it is :func:`expiring`), with ``X/Y`` =
     ``acked/targeted`` so far.  ``receipted`` (smuids) were answered already:
-    a message gets one receipt, ever.
+    a message gets one receipt, ever.  A message that reached nobody (an :func:`expiring` row of
+    account ``''``; ``messages``, ``MESSAGES_TABLE`` columns, says whether it asked for a receipt)
+    gets ``0/0`` at its expiry; one a late subscriber took (:func:`late`) is answered like any other.
     """
-    return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}"),
-                   {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted})
+    frames = {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted}
+    if messages is not None:
+        frames["messages"] = messages
+    return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}",
+                                    "{messages}" if messages is not None else None), frames)
 
 
 def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:

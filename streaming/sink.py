@@ -194,7 +194,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
         "out_expired": routing.expired_records_sql("expiring", "retried", "released", "cleared"),
-        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
+        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}", "all_messages")
+                         if receipts
                          else _empty(routing.RECEIPTS_DUE)),
         "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
                              else _empty(routing.RECEIPT_MESSAGES)),
@@ -546,8 +547,10 @@ WHERE {alive}({matches})
         retrying = self.retry_candidates(deliveries, nacked_keys(arrow_records))
         state = self.receipt_state(deliveries,
                                    sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
+        nobody = pc.equal(pending.column("account"), "")
+        unreached = set(pending.filter(nobody).column("smuid").to_pylist())  # 0/0 receipts, if they asked
         concerned = sorted(set(state.column("smuid").to_pylist()))
-        receipted = self.receipted(concerned)
+        receipted = self.receipted(sorted(set(concerned) | unreached))
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)))
         subscribed = subscribes(arrow_records)
@@ -556,8 +559,9 @@ WHERE {alive}({matches})
         # One scan of the source: every branch of the query would otherwise re-read it.
         frames = {"records": spark.createDataFrame(arrow_records, schema=batch_df.schema),
                   "current": self.current_subscriptions(spark)}
-        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
-                        state.num_rows > 0, has_delivery_one(arrow_records), bool(subscribed), clearable.num_rows > 0)
+        expiry = may_expire(arrow_records, now, pending)
+        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
+                        state.num_rows > 0 or bool(unreached) or expiry[0], has_delivery_one(arrow_records), bool(subscribed), clearable.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
                                     ("late_held", late_held, routing.HELD),

@@ -828,3 +828,16 @@ def test_a_subscribe_with_since_clears_the_pending_deliveries_accepted_before_it
     assert records == [ev.Acked("bob", 1, "cleared")]  # the gateways withdraw it
     updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 5, T0, NOW, cleared=cleared)
     assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("bob", 1, "cleared", False)]
+
+
+def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
+    messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
+                                            "all") for n, mode in ((1, "all"), (2, "one"), (3, "none"), (4, "all"))))
+    expiring = frames.of(routing.EXPIRING, ("", 1, False), ("", 2, True), ("", 3, False), ("", 4, False))
+    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]), (4,))  # answered already
+    due = routing.receipts_due(frames.of(routing.RECEIPT_STATE), frames.of(ACKS), expiring, receipted, messages)
+    expected = frames.of(routing.RECEIPTS_DUE, (1, "all", 0, 0), (2, "one", 0, 0))
+    assert_df_equality(due, expected, ignore_row_order=True, ignore_nullable=True)
+    rows = routing.receipt_messages(due, messages, NOW).collect()
+    assert sorted((r.account, r.receipt_for, r.headers[-1][1]) for r in rows) == [("alice", 1, "0/0"),
+                                                                                ("alice", 2, "0/0")]
