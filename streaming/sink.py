@@ -156,7 +156,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
     and picking one subscriber when no publish is DELIVERY ONE (``one``).  ``late``: the batch
     holds a SUBSCRIBE, so earlier messages may reach it (:func:`routing.late`, over the relations
-    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`); ``clearing``: one
+    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
+    stored candidates or a publish of the batch may precede the SUBSCRIBE); ``clearing``: one
     of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
     relation ``{clearable}``, :meth:`CommandSink.clearable`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
@@ -291,6 +292,20 @@ def subscribes(records: pa.Table) -> list[tuple[str, str, bool]]:
             event = json.loads(raw)
             triples.add((str(event["account"]), str(event["pattern"]), event.get("since") is not None))
     return sorted(triples)
+
+
+_PUBLISH = re.compile(r'^\{\s*"type"\s*:\s*"publish"')
+
+
+def publish_before_subscribe(records: pa.Table) -> bool:
+    """Whether a publish of the batch may precede one of its SUBSCRIBEs (by Kafka timestamp, an
+    over-approximation of ``seq`` order): only then can a late subscriber take a message of the
+    batch itself."""
+    values = pc.cast(records.column("value"), pa.string())
+    stamps = records.column("timestamp")
+    last_subscribe = pc.max(stamps.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))).as_py()
+    first_publish = pc.min(stamps.filter(pc.match_substring_regex(values, _PUBLISH.pattern))).as_py()
+    return last_subscribe is not None and first_publish is not None and first_publish <= last_subscribe
 
 
 _ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
@@ -561,7 +576,8 @@ WHERE {alive}({matches})
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
-                        state.num_rows > 0 or bool(unreached) or expiry[0], has_delivery_one(arrow_records), bool(subscribed), clearable.num_rows > 0)
+                        state.num_rows > 0 or bool(unreached) or expiry[0], has_delivery_one(arrow_records),
+                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
                                     ("late_held", late_held, routing.HELD),
