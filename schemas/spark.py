@@ -129,7 +129,7 @@ TRASH_TABLE = _struct(
     ("smuid", LongType()),
     ("topic", StringType()),
     ("trash_topic", StringType()),
-    ("reason", StringType()),  # "expired" | "undeliverable" (reached no subscriber) | "max_retries"
+    ("reason", StringType()),  # "expired" | "undeliverable" (reached no subscriber) | "max_retries" | "topic_removed"
     ("trashed_at", TimestampType()),  # the job's "now" of the batch that trashed it
     ("publisher", StringType()),
     ("cmuid", StringType()),

@@ -710,24 +710,40 @@ def _trashed_at(now: int | None) -> str:
     return "CAST(NULL AS TIMESTAMP)" if now is None else f"timestamp_micros({sql_literal(now)})"
 
 
-def dead_messages_sql(expiring: str, retried: str) -> str:
-    """SQL of :func:`dead_messages` over the relations ``expiring`` and ``retried``."""
+#: The stored messages of removed topics that nobody holds any more (``smuid``s; the sink reads them).
+ORPHANED = StructType([StructField("smuid", LongType(), True)])
+
+
+def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None) -> str:
+    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried`` and ``orphaned``
+    (none when None)."""
+    orphaned = orphaned or empty_sql(ORPHANED)
     return f"""SELECT smuid, '' AS account,
        CASE WHEN bool_and(account = '') THEN 'undeliverable' ELSE 'expired' END AS reason
 FROM {expiring} GROUP BY smuid
 UNION ALL
-SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead"""
+SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead
+UNION ALL
+SELECT DISTINCT smuid, '' AS account, 'topic_removed' AS reason FROM {orphaned}
+WHERE smuid NOT IN (SELECT smuid FROM {expiring})"""
 
 
-def dead_messages(expiring: DataFrame, retried: DataFrame) -> DataFrame:
+def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None) -> DataFrame:
     """What goes to the Trash in this batch → :data:`DEAD`.
 
     A message with an :func:`expiring` delivery goes once, as a whole
     (account ``''``): reason ``undeliverable`` when it reached no subscriber,
     else ``expired``.  A delivery that used up its retries (:func:`retried`,
-    ``dead``) goes for that subscriber: reason ``max_retries``.
+    ``dead``) goes for that subscriber: reason ``max_retries``.  A message of a
+    topic removed in this batch that nobody holds any more (``orphaned``,
+    :data:`ORPHANED`: kept only for late subscribers, or unrouted) goes as a
+    whole: reason ``topic_removed`` (unless it expires now: ``expired`` wins).
     """
-    return run_sql(dead_messages_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})
+    frames = {"expiring": expiring, "retried": retried}
+    if orphaned is not None:
+        frames["orphaned"] = orphaned
+    return run_sql(dead_messages_sql("{expiring}", "{retried}", "{orphaned}" if orphaned is not None else None),
+                   frames)
 
 
 def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:

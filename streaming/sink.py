@@ -138,7 +138,7 @@ def _as_struct(kind: StructType) -> str:
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
               retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
-              clearing: bool = False) -> str:
+              clearing: bool = False, removing: bool = False) -> str:
     """The whole batch as one query over the relations ``{records}``, ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
     deliveries the batch's NACKs name, :data:`routing.RETRYING`) and ``{stored}`` (the stored
@@ -159,7 +159,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
     stored candidates or a publish of the batch may precede the SUBSCRIBE); ``clearing``: one
     of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
-    relation ``{clearable}``, :meth:`CommandSink.clearable`).  A smaller plan is
+    relation ``{clearable}``, :meth:`CommandSink.clearable`); ``removing``: a REMOVE TOPIC left
+    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
@@ -174,8 +175,6 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "acks": routing.extract_acks_sql("events"),
         "unrouted": (f"SELECT * FROM ({routing.unrouted_of_sql('routed_all')}) "
                      "WHERE smuid NOT IN (SELECT smuid FROM late)" if late else routing.unrouted_of_sql("routed_all")),
-        "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
-                   else _empty(routing.NOBODY_UPDATES)),
         "expiring": (routing.expiring_sql("routed" if new else routing.empty_sql(routing.DELIVERIES),
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
@@ -189,7 +188,11 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                     else _empty(routing.RETRIED)),
         "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
                     if clearing else _empty(routing.CLEARED)),
-        "dead": routing.dead_messages_sql("expiring", "retried"),
+        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None),
+        "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
+                   else _empty(routing.NOBODY_UPDATES))
+                  + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
+                     if removing else ""),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "out_progress": PROGRESS_SQL,
         "settled": routing.settled_sql("acks", "live"),
@@ -306,6 +309,19 @@ def publish_before_subscribe(records: pa.Table) -> bool:
     last_subscribe = pc.max(stamps.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))).as_py()
     first_publish = pc.min(stamps.filter(pc.match_substring_regex(values, _PUBLISH.pattern))).as_py()
     return last_subscribe is not None and first_publish is not None and first_publish <= last_subscribe
+
+
+_REMOVE_TOPIC = re.compile(r'^\{\s*"type"\s*:\s*"remove_topic"')
+
+
+def removed_topics(records: pa.Table) -> list[str]:
+    """The topics the batch's REMOVE TOPIC records name (rare: decoded in Python)."""
+    values = pc.cast(records.column("value"), pa.string())
+    topics = set()
+    for raw in values.filter(pc.match_substring_regex(values, _REMOVE_TOPIC.pattern)).to_pylist():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            topics.add(str(json.loads(raw)["topic"]))
+    return sorted(topics)
 
 
 _ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
@@ -534,6 +550,24 @@ WHERE {alive}({matches})
         joined = pending.join(messages.select(["smuid", "accepted_at"]), "smuid", join_type="inner")
         return joined.select(schema.names).cast(schema)
 
+    def orphaned(self, deliveries: DeltaTable, topics: list[str], now: int | None) -> pa.Table:
+        """The stored messages (:data:`routing.ORPHANED`) of the removed ``topics`` and their
+        descendants that have not expired, are not in the Trash as a whole and that nobody holds
+        (no ``pending`` delivery): unrouted ones, and those kept only for late subscribers."""
+        schema = arrow_schema(routing.ORPHANED)
+        if not topics:
+            return schema.empty_table()
+        quoted = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
+        under = " OR ".join(f"topic = {quoted(t)} OR starts_with(topic, {quoted(t.rstrip('/') + '/')})"
+                            for t in sorted(set(topics)))
+        alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
+        reader = (QueryBuilder().register("messages", self._table("messages")).register("deliveries", deliveries)
+                  .register("trash", self._table("trash"))
+                  .execute(f"""SELECT smuid FROM messages WHERE {alive}({under})
+  AND smuid NOT IN (SELECT smuid FROM deliveries WHERE status = 'pending')
+  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""))
+        return pa.table(reader).cast(schema)
+
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
         (no py4j round trips for the common case: nothing expires)."""
@@ -566,8 +600,10 @@ WHERE {alive}({matches})
         unreached = set(pending.filter(nobody).column("smuid").to_pylist())  # 0/0 receipts, if they asked
         concerned = sorted(set(state.column("smuid").to_pylist()))
         receipted = self.receipted(sorted(set(concerned) | unreached))
+        orphaned = self.orphaned(deliveries, removed_topics(arrow_records), now)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
-                                             | set(retrying.column("smuid").to_pylist()) | set(concerned)))
+                                             | set(retrying.column("smuid").to_pylist()) | set(concerned)
+                                             | set(orphaned.column("smuid").to_pylist())))
         subscribed = subscribes(arrow_records)
         late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
         clearable = self.clearable(deliveries, [a for a, _, since in subscribed if since])
@@ -577,11 +613,13 @@ WHERE {alive}({matches})
         expiry = may_expire(arrow_records, now, pending)
         sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
                         state.num_rows > 0 or bool(unreached) or expiry[0], has_delivery_one(arrow_records),
-                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0)
+                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
+                        orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
                                     ("late_held", late_held, routing.HELD),
                                     ("clearable", clearable, routing.CLEARABLE),
+                                    ("orphaned", orphaned, routing.ORPHANED),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
                                     ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):

@@ -841,3 +841,17 @@ def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
     rows = routing.receipt_messages(due, messages, NOW).collect()
     assert sorted((r.account, r.receipt_for, r.headers[-1][1]) for r in rows) == [("alice", 1, "0/0"),
                                                                                 ("alice", 2, "0/0")]
+
+
+# -- REMOVE TOPIC
+
+
+def test_messages_of_a_removed_topic_that_nobody_holds_go_to_the_trash_as_topic_removed(frames):
+    expiring = frames.of(routing.EXPIRING, ("", 2, False))  # expires in this batch too: expired wins
+    orphaned = frames.of(routing.ORPHANED, (1,), (2,))
+    dead_rows = routing.dead_messages(expiring, no_retries(frames), orphaned)
+    assert sorted((r.smuid, r.account, r.reason) for r in dead_rows.collect()) == [
+        (1, "", "topic_removed"), (2, "", "undeliverable")]
+    stored = frames.of(MESSAGES_TABLE, (1, "/t/x", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, None, "none", "all"))
+    trashed = routing.trash(frames.of(routing.DEAD, (1, "", "topic_removed")), stored, NOW, 6).collect()
+    assert [(r.smuid, r.trash_topic, r.reason) for r in trashed] == [(1, "/t/x/Trash", "topic_removed")]

@@ -171,3 +171,19 @@ def test_a_subscribe_with_since_clears_what_is_pending_before_it(spark, tmp_path
     assert [ev.decode(v) for v in out["expired"].column("value").to_pylist()] == [ev.Acked("bob", 1, "cleared")]
     rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
     assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
+
+
+def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),  # bob acknowledges it
+                               ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 2),  # still pending for bob
+                               ev.Publish(3, "/t/x/y", "c3", "alice", "gp", US0 + 3, expires_at=US0 + 60_000_000),
+                               ev.Publish(4, "/u", "c4", "alice", "gp", US0 + 4),  # another topic
+                               ev.Ack("bob", "gb", 1, US0 + 5)])
+    out = run_batch(spark, sink, 1, [ev.RemoveTopic("r", "alice", "/t/x", US0 + 10)], offset=10)
+    assert sorted(zip(out["trash"].column("smuid").to_pylist(), out["trash"].column("reason").to_pylist(),
+                      out["trash"].column("trash_topic").to_pylist())) == [
+        (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
