@@ -98,6 +98,9 @@ _UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", S
 _STORED_COLUMNS = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "priority", "headers", "sections",
                    "accepted_at", "batch_id", "expires_at", "receipt", "delivery"]
 
+#: :data:`_STORED_COLUMNS` as a schema.
+_STORED = StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS])
+
 #: The smuids already answered with a receipt (``receipts`` rows).
 _RECEIPTED = StructType([StructField("smuid", LongType())])
 
@@ -311,6 +314,11 @@ def publish_before_subscribe(records: pa.Table) -> bool:
     return last_subscribe is not None and first_publish is not None and first_publish <= last_subscribe
 
 
+def _sql_string(text: str) -> str:
+    """``text`` as a SQL string literal (for the delta-rs queries)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 _REMOVE_TOPIC = re.compile(r'^\{\s*"type"\s*:\s*"remove_topic"')
 
 
@@ -493,7 +501,7 @@ class CommandSink:
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
         """The stored ``messages`` rows (columns :data:`_STORED_COLUMNS`) of ``smuids``."""
-        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS]))
+        schema = arrow_schema(_STORED)
         if not smuids:
             return schema.empty_table()
         arrow = self._table("messages").to_pyarrow_table(
@@ -508,19 +516,18 @@ class CommandSink:
         pattern)) cover that are not expired at ``now`` nor in the Trash as a whole, leaving out
         DELIVERY ONE messages somebody holds; and which of them those accounts hold already
         (:data:`routing.HELD`).  Read only for a batch with a SUBSCRIBE."""
-        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS]))
+        schema = arrow_schema(_STORED)
         held_schema = arrow_schema(routing.HELD)
         if not subscribed:
             return schema.empty_table(), held_schema.empty_table()
-        quoted = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
-        matches = " OR ".join(f"starts_with(topic, {quoted(pattern[:-1])})" if pattern.endswith("/*")
-                              else f"topic = {quoted(pattern)}" for pattern in sorted({p for _, p in subscribed}))
+        matches = " OR ".join(f"starts_with(topic, {_sql_string(pattern[:-1])})" if pattern.endswith("/*")
+                              else f"topic = {_sql_string(pattern)}" for pattern in sorted({p for _, p in subscribed}))
         alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
         candidates = f"""SELECT {", ".join(_STORED_COLUMNS)} FROM messages
 WHERE {alive}({matches})
   AND NOT (coalesce(delivery, 'all') = 'one' AND smuid IN (SELECT smuid FROM deliveries WHERE delivery = 'one'))
   AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""
-        accounts = ", ".join(quoted(account) for account in sorted({a for a, _ in subscribed}))
+        accounts = ", ".join(_sql_string(account) for account in sorted({a for a, _ in subscribed}))
 
         def query(sql: str) -> pa.Table:
             return pa.table(QueryBuilder().register("messages", self._table("messages"))
@@ -540,7 +547,7 @@ WHERE {alive}({matches})
         schema = arrow_schema(routing.CLEARABLE)
         if not accounts:
             return schema.empty_table()
-        listed = ", ".join("'" + account.replace("'", "''") + "'" for account in sorted(set(accounts)))
+        listed = ", ".join(_sql_string(account) for account in sorted(set(accounts)))
         pending = pa.table(QueryBuilder().register("deliveries", deliveries).execute(
             f"SELECT account, smuid, topic FROM deliveries WHERE status = 'pending' AND account IN ({listed})"))
         if not pending.num_rows:
@@ -557,8 +564,7 @@ WHERE {alive}({matches})
         schema = arrow_schema(routing.ORPHANED)
         if not topics:
             return schema.empty_table()
-        quoted = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
-        under = " OR ".join(f"topic = {quoted(t)} OR starts_with(topic, {quoted(t.rstrip('/') + '/')})"
+        under = " OR ".join(f"topic = {_sql_string(t)} OR starts_with(topic, {_sql_string(t.rstrip('/') + '/')})"
                             for t in sorted(set(topics)))
         alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
         reader = (QueryBuilder().register("messages", self._table("messages")).register("deliveries", deliveries)
@@ -616,13 +622,13 @@ WHERE {alive}({matches})
                         late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
                         orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
-                                    ("late_stored", late_stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS])),
+                                    ("late_stored", late_stored, _STORED),
                                     ("late_held", late_held, routing.HELD),
                                     ("clearable", clearable, routing.CLEARABLE),
                                     ("orphaned", orphaned, routing.ORPHANED),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
-                                    ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):
+                                    ("stored", stored, _STORED)):
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
                 sql = sql.replace("{" + name + "}", relation)
