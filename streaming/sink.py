@@ -618,7 +618,7 @@ WHERE {alive}({matches})
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
-                        state.num_rows > 0 or bool(unreached) or expiry[0], has_delivery_one(arrow_records),
+                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records),
                         late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
                         orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
