@@ -99,12 +99,15 @@ SUBSCRIPTIONS_TABLE = _struct(
 #: Delta table ``deliveries``: one row per (account, smuid) routed.
 #: ``status``: "pending" | "acked" | "sent" (not guaranteed: never acknowledged) | "expired"
 #: (its message's expiry passed unacknowledged) | "trashed" (``max_retries`` NOTIFYs unacknowledged)
-#: | "released" (DELIVERY ONE: NACKed, so handed to another subscriber, whose row is "pending").
+#: | "released" (DELIVERY ONE: NACKed, so handed to another subscriber, whose row is "pending")
+#: | "cleared" (the subscriber SUBSCRIBEd again with a SINCE after the message's acceptance).
 #: ``retries``: NOTIFYs of it the subscriber left unacknowledged (null: none).
 #: ``receipt``: the message's RECEIPT mode, so receipts need no join with ``messages``.
 #: ``expires_at``: the message's (null: a state message), so expiry needs no join.
 #: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
-#: reached no subscriber and can expire, status "unrouted" until it does ("expired").
+#: reached no subscriber and can expire, status "unrouted" until it does ("expired"), a late
+#: subscriber takes it ("routed": its delivery to that subscriber expires or not from then on)
+#: or its topic is removed ("trashed", reason topic_removed).
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),
@@ -126,7 +129,7 @@ TRASH_TABLE = _struct(
     ("smuid", LongType()),
     ("topic", StringType()),
     ("trash_topic", StringType()),
-    ("reason", StringType()),  # "expired" | "undeliverable" (reached no subscriber) | "max_retries"
+    ("reason", StringType()),  # "expired" | "undeliverable" (reached no subscriber) | "max_retries" | "topic_removed"
     ("trashed_at", TimestampType()),  # the job's "now" of the batch that trashed it
     ("publisher", StringType()),
     ("cmuid", StringType()),

@@ -125,6 +125,13 @@ RETRYING = StructType([
     StructField("delivery", StringType(), True),
 ])
 
+#: New statuses of stored ``unrouted`` rows (account ``''``): ``routed`` (a late subscriber took the
+#: message) or ``trashed`` (its topic was removed).
+NOBODY_UPDATES = StructType([
+    StructField("smuid", LongType(), True),
+    StructField("status", StringType(), True),
+])
+
 #: Output of :func:`released`: DELIVERY ONE deliveries NACKed away from ``account`` to ``to``.
 RELEASED = StructType([
     StructField("account", StringType(), True),
@@ -431,6 +438,129 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
     return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
 
 
+# -- late subscribers
+
+#: The stored deliveries a batch's new subscribers already have among the :func:`late` candidates.
+HELD = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+])
+
+
+def _opened_sql(intervals: str) -> str:
+    """SQL: the intervals this batch's SUBSCRIBEs opened that start a subscription (not a re-SUBSCRIBE
+    redefining SINCE/UNTIL, whose previous interval ends where it opens) and are still open."""
+    return f"""SELECT s.account, s.pattern, s.from_seq, s.since, s.until FROM {intervals} s
+WHERE s.from_seq IS NOT NULL AND s.to_seq IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {intervals} p
+                  WHERE p.account = s.account AND p.pattern = s.pattern AND p.to_seq = s.from_seq)"""
+
+
+def late_sql(events: str, intervals: str, stored: str, held: str, routed_all: str, now: int | None) -> str:
+    """SQL of :func:`late` over the relations ``events``, ``intervals``, ``stored``, ``held`` and
+    ``routed_all`` (:func:`route_all_sql`'s rows)."""
+    publishes = _first_per("smuid", "seq", events, "type = 'publish'")
+    columns = ("smuid, topic, cmuid, publisher, publisher_guid, accepted_at, priority, headers, sections, seq, "
+               "expires_at, receipt, delivery")
+    candidates = f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, unix_micros(accepted_at) AS accepted_at,
+       priority, headers, sections, CAST(NULL AS {_SEQ_DDL}) AS seq, unix_micros(expires_at) AS expires_at,
+       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery, FALSE AS _taken
+FROM {_first_per("smuid", "batch_id", stored)} WHERE smuid NOT IN (SELECT smuid FROM {publishes})
+UNION ALL
+SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers, sections,
+       seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery,
+       EXISTS (SELECT 1 FROM {routed_all} r WHERE r.smuid = p.smuid AND r.account <> '') AS _taken
+FROM {publishes} p"""
+    return f"""SELECT account, {columns} FROM (
+  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account)) AS _one FROM (
+    SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
+      SELECT s.account, c.smuid, c.topic, c.cmuid, c.publisher, c.publisher_guid, c.accepted_at, c.priority,
+             c.headers, c.sections, s.from_seq AS seq, c.expires_at, c.receipt, c.delivery
+      FROM (SELECT *, {_micros_to_ts("accepted_at")} AS _at, explode({candidate_patterns_sql("topic")}) AS _pattern
+            FROM ({candidates}) WHERE NOT {_expired("expires_at", now)} AND NOT (delivery = 'one' AND _taken)) c
+      JOIN ({_opened_sql(intervals)}) s
+      ON s.pattern = c._pattern AND (c.seq IS NULL OR c.seq < s.from_seq)
+         AND (s.since IS NULL OR s.since <= c._at) AND (s.until IS NULL OR c._at < s.until)) m
+    WHERE NOT EXISTS (SELECT 1 FROM {held} h WHERE h.account = m.account AND h.smuid = m.smuid)
+      AND NOT EXISTS (SELECT 1 FROM {routed_all} r WHERE r.account = m.account AND r.smuid = m.smuid))
+  WHERE _d = 1)
+WHERE delivery <> 'one' OR _one = 1"""
+
+
+def late(events: DataFrame, intervals: DataFrame, stored: DataFrame, held: DataFrame, routed_all: DataFrame,
+         now: int | None) -> DataFrame:
+    """Messages published before a SUBSCRIBE that still reach it → :data:`DELIVERIES`.
+
+    A message lives for its timeout (issue 4): a subscription this batch starts
+    (:func:`_opened_sql`; a re-SUBSCRIBE only redefines SINCE/UNTIL and gets
+    nothing again) gets every message on a topic it matches that was accepted
+    before it and is not expired at ``now`` (a state message never is), within
+    its SINCE/UNTIL, unless that account already has a delivery of it: stored
+    (``held``, :data:`HELD`) or routed in this batch (``routed_all``).  The
+    messages are the stored ones (``stored``: ``MESSAGES_TABLE`` columns, the
+    sink reads the not yet expired ones of the subscribed topics) and this
+    batch's publishes before the SUBSCRIBE.  A DELIVERY ONE message goes only
+    when nobody holds it (the sink reads no stored one that anybody holds), to
+    one of the new subscribers, picked by a hash like :func:`route`.  ``seq``
+    is the SUBSCRIBE's: these Delivers answer it.
+    """
+    return run_sql(late_sql("{events}", "{intervals}", "{stored}", "{held}", "{routed_all}", now),
+                   {"events": events, "intervals": intervals, "stored": stored, "held": held,
+                    "routed_all": routed_all})
+
+
+# -- SINCE clears what is pending
+
+#: Stored pending deliveries of the accounts that SUBSCRIBE with SINCE in a batch, with their
+#: message's acceptance time (``deliveries`` rows joined with ``messages``).
+CLEARABLE = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("topic", StringType(), True),
+    StructField("accepted_at", TimestampType(), True),
+])
+
+#: Output of :func:`cleared`: pending deliveries a new SINCE cleared (``seq``: that SUBSCRIBE's).
+CLEARED = StructType([
+    StructField("account", StringType(), True),
+    StructField("smuid", LongType(), True),
+    StructField("seq", SEQ, True),
+])
+
+
+def cleared_sql(intervals: str, clearable: str, acks: str, expiring: str, retried: str, released: str) -> str:
+    """SQL of :func:`cleared` over the relations ``intervals``, ``clearable``, ``acks``, ``expiring``,
+    ``retried`` and ``released``."""
+    return f"""SELECT account, smuid, seq FROM (
+  SELECT c.account, c.smuid, s.from_seq AS seq,
+         row_number() OVER (PARTITION BY c.account, c.smuid ORDER BY s.from_seq) AS _n
+  FROM (SELECT *, explode({candidate_patterns_sql("topic")}) AS _pattern FROM {clearable}) c
+  JOIN {intervals} s ON s.account = c.account AND s.pattern = c._pattern
+       AND s.from_seq IS NOT NULL AND s.since IS NOT NULL AND c.accepted_at < s.since) x
+WHERE _n = 1
+  AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = x.account AND a.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = x.account AND e.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {retried} r WHERE r.account = x.account AND r.smuid = x.smuid)
+  AND NOT EXISTS (SELECT 1 FROM {released} r WHERE r.account = x.account AND r.smuid = x.smuid)"""
+
+
+def cleared(intervals: DataFrame, clearable: DataFrame, acks: DataFrame, expiring: DataFrame, retried: DataFrame,
+            released: DataFrame) -> DataFrame:
+    """Pending deliveries a SUBSCRIBE with SINCE clears → :data:`CLEARED`.
+
+    Spec 4.1.9.1: a SUB MESSAGE with SINCE (a new subscription or a re-SUBSCRIBE
+    redefining it) clears that subscriber's pending messages accepted before
+    SINCE on the topics its pattern matches (``clearable``, :data:`CLEARABLE`:
+    stored pending deliveries).  Their rows become ``cleared`` and an ``Acked``
+    with reason ``cleared`` withdraws them from the gateways.  What this batch
+    acknowledges, expires, retries or hands on is left alone (that wins), as
+    are deliveries routed in this batch itself.
+    """
+    return run_sql(cleared_sql("{intervals}", "{clearable}", "{acks}", "{expiring}", "{retried}", "{released}"),
+                   {"intervals": intervals, "clearable": clearable, "acks": acks, "expiring": expiring,
+                    "retried": retried, "released": released})
+
+
 # -- Delta rows
 
 
@@ -589,24 +719,40 @@ def _trashed_at(now: int | None) -> str:
     return "CAST(NULL AS TIMESTAMP)" if now is None else f"timestamp_micros({sql_literal(now)})"
 
 
-def dead_messages_sql(expiring: str, retried: str) -> str:
-    """SQL of :func:`dead_messages` over the relations ``expiring`` and ``retried``."""
+#: The stored messages of removed topics that nobody holds any more (``smuid``s; the sink reads them).
+ORPHANED = StructType([StructField("smuid", LongType(), True)])
+
+
+def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None) -> str:
+    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried`` and ``orphaned``
+    (none when None)."""
+    orphaned = orphaned or empty_sql(ORPHANED)
     return f"""SELECT smuid, '' AS account,
        CASE WHEN bool_and(account = '') THEN 'undeliverable' ELSE 'expired' END AS reason
 FROM {expiring} GROUP BY smuid
 UNION ALL
-SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead"""
+SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead
+UNION ALL
+SELECT DISTINCT smuid, '' AS account, 'topic_removed' AS reason FROM {orphaned}
+WHERE smuid NOT IN (SELECT smuid FROM {expiring})"""
 
 
-def dead_messages(expiring: DataFrame, retried: DataFrame) -> DataFrame:
+def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None) -> DataFrame:
     """What goes to the Trash in this batch → :data:`DEAD`.
 
     A message with an :func:`expiring` delivery goes once, as a whole
     (account ``''``): reason ``undeliverable`` when it reached no subscriber,
     else ``expired``.  A delivery that used up its retries (:func:`retried`,
-    ``dead``) goes for that subscriber: reason ``max_retries``.
+    ``dead``) goes for that subscriber: reason ``max_retries``.  A message of a
+    topic removed in this batch that nobody holds any more (``orphaned``,
+    :data:`ORPHANED`: kept only for late subscribers, or unrouted) goes as a
+    whole: reason ``topic_removed`` (unless it expires now: ``expired`` wins).
     """
-    return run_sql(dead_messages_sql("{expiring}", "{retried}"), {"expiring": expiring, "retried": retried})
+    frames = {"expiring": expiring, "retried": retried}
+    if orphaned is not None:
+        frames["orphaned"] = orphaned
+    return run_sql(dead_messages_sql("{expiring}", "{retried}", "{orphaned}" if orphaned is not None else None),
+                   frames)
 
 
 def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:
@@ -713,9 +859,10 @@ FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid 
 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
                          now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
-                         retried: str | None = None, released: str | None = None) -> str:
+                         retried: str | None = None, released: str | None = None, nobody: str | None = None,
+                         cleared: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``, ``retried``, ``released``: empty when None)."""
+    ``expiring``, ``retried``, ``released``, ``nobody``, ``cleared``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
@@ -723,6 +870,8 @@ def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: d
     retried = retried or empty_sql(RETRIED)
     routed_at_sql, batch_sql = sql_literal(routed_at), sql_literal(batch_id)
     released = released or empty_sql(RELEASED)
+    nobody = nobody or empty_sql(NOBODY_UPDATES)
+    cleared = cleared or empty_sql(CLEARED)
     no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt, CAST(NULL AS STRING) AS delivery"
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
        CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
@@ -763,13 +912,26 @@ SELECT x.account, x.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS p
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
        CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
-FROM {released} x"""
+FROM {released} x
+UNION ALL
+SELECT c.account, c.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'cleared' AS status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {cleared} c
+UNION ALL
+SELECT '' AS account, n.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, n.status,
+       CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
+       CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
+       CAST(NULL AS TIMESTAMP) AS expires_at, {no_update}, FALSE AS is_new
+FROM {nobody} n"""
 
 
 def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, routed_at: datetime,
                      now: int | None = None, unrouted: DataFrame | None = None,
                      expiring: DataFrame | None = None, retried: DataFrame | None = None,
-                     released: DataFrame | None = None) -> DataFrame:
+                     released: DataFrame | None = None, nobody: DataFrame | None = None,
+                     cleared: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -785,10 +947,14 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     rows with their new ``retries`` and status ``retry`` (update the count
     only) or ``trashed`` (out of retries); :func:`released` ones are ``is_new =
     false`` rows with status ``released`` (their new subscriber's row comes in
-    ``deliveries``).  One row per (account, smuid).
+    ``deliveries``).  ``nobody`` (:data:`NOBODY_UPDATES`) sets the status of stored ``unrouted``
+    rows: ``routed`` once a late subscriber took the message (its delivery expires, or not, from
+    then on), ``trashed`` once its topic was removed.  :func:`cleared` deliveries are ``is_new =
+    false`` rows with status ``cleared``.  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
-    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released}
+    optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released,
+                "nobody": nobody, "cleared": cleared}
     frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
                                         *("{%s}" % name if frame is not None else None
@@ -833,10 +999,11 @@ def acked_records(acks: DataFrame) -> DataFrame:
     return run_sql(acked_records_sql("{acks}"), {"acks": acks})
 
 
-def expired_records_sql(expiring: str, retried: str, released: str | None = None) -> str:
-    """SQL of :func:`expired_records` over the relations ``expiring``, ``retried`` and ``released``
-    (none when None)."""
+def expired_records_sql(expiring: str, retried: str, released: str | None = None, cleared: str | None = None) -> str:
+    """SQL of :func:`expired_records` over the relations ``expiring``, ``retried``, ``released`` and
+    ``cleared`` (none when None)."""
     released = released or empty_sql(RELEASED)
+    cleared = cleared or empty_sql(CLEARED)
     return f"""SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'expired')) AS value,
        CAST(NULL AS {_SEQ_DDL}) AS seq
@@ -850,19 +1017,26 @@ UNION ALL
 SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'released')) AS value,
        seq
-FROM {released}"""
+FROM {released}
+UNION ALL
+SELECT CAST(account AS BINARY) AS key,
+       to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'cleared')) AS value,
+       seq
+FROM {cleared}"""
 
 
-def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None) -> DataFrame:
+def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None,
+                    cleared: DataFrame | None = None) -> DataFrame:
     """Stored deliveries that died unacknowledged → ``Acked`` records with the reason, so the
     gateways withdraw them from their books and queues: those that expired (:func:`expiring`,
     not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
-    (:func:`retried`, ``dead``), and DELIVERY ONE ones handed to another subscriber (:func:`released`)."""
+    (:func:`retried`, ``dead``), DELIVERY ONE ones handed to another subscriber (:func:`released`),
+    and those a new SINCE cleared (:func:`cleared`)."""
     frames = {"expiring": expiring, "retried": retried}
-    if released is not None:
-        frames["released"] = released
-    return run_sql(expired_records_sql("{expiring}", "{retried}", "{released}" if released is not None else None),
-                   frames)
+    optional = {"released": released, "cleared": cleared}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
+    return run_sql(expired_records_sql("{expiring}", "{retried}", *("{%s}" % name if frame is not None else None
+                                                                    for name, frame in optional.items())), frames)
 
 
 # -- receipts (2002 revision: RECEIPT ONE / ALL, and "X/Y" when the timeout passes first)
@@ -892,9 +1066,18 @@ RECEIPT_MESSAGES = StructType(list(DELIVERIES.fields) + [
 ])
 
 
-def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str) -> str:
-    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring`` and ``receipted``."""
-    return f"""SELECT smuid, mode, acked, targeted FROM (
+def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str, messages: str | None = None) -> str:
+    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring``, ``receipted``
+    and ``messages`` (none when None)."""
+    messages = messages or empty_sql(MESSAGES_TABLE)
+    nobody = f"""SELECT e.smuid, lower(m.receipt) AS mode, 0 AS acked, 0 AS targeted
+FROM (SELECT DISTINCT smuid FROM {expiring} WHERE account = '') e
+JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
+WHERE lower(m.receipt) IN ('one', 'all') AND e.smuid NOT IN (SELECT smuid FROM {state})
+  AND e.smuid NOT IN (SELECT smuid FROM {receipted})"""
+    return f"""{nobody}
+UNION ALL
+SELECT smuid, mode, acked, targeted FROM (
   SELECT s.smuid, max(s.receipt) AS mode,
          CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
          CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
@@ -907,7 +1090,8 @@ WHERE ((mode = 'one' AND acked >= 1) OR (mode = 'all' AND acked = targeted) OR e
   AND smuid NOT IN (SELECT smuid FROM {receipted})"""
 
 
-def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame) -> DataFrame:
+def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame,
+                 messages: DataFrame | None = None) -> DataFrame:
     """The receipts this batch owes → :data:`RECEIPTS_DUE`.
 
     ``state`` holds every stored delivery (:data:`RECEIPT_STATE`) of the
@@ -916,10 +1100,15 @@ def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipt
     when every subscriber it was routed to acknowledged it, and either one,
     when its timeout passes first (it is :func:`expiring`), with ``X/Y`` =
     ``acked/targeted`` so far.  ``receipted`` (smuids) were answered already:
-    a message gets one receipt, ever.
+    a message gets one receipt, ever.  A message that reached nobody (an :func:`expiring` row of
+    account ``''``; ``messages``, ``MESSAGES_TABLE`` columns, says whether it asked for a receipt)
+    gets ``0/0`` at its expiry; one a late subscriber took (:func:`late`) is answered like any other.
     """
-    return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}"),
-                   {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted})
+    frames = {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted}
+    if messages is not None:
+        frames["messages"] = messages
+    return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}",
+                                    "{messages}" if messages is not None else None), frames)
 
 
 def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:

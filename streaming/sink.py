@@ -96,6 +96,9 @@ _UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", S
 _STORED_COLUMNS = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "priority", "headers", "sections",
                    "accepted_at", "batch_id", "expires_at", "receipt", "delivery"]
 
+#: :data:`_STORED_COLUMNS` as a schema.
+_STORED = StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS])
+
 #: The smuids already answered with a receipt (``receipts`` rows).
 _RECEIPTED = StructType([StructField("smuid", LongType())])
 
@@ -135,7 +138,8 @@ def _as_struct(kind: StructType) -> str:
 
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
-              retries: bool = True, receipts: bool = True, one: bool = True) -> str:
+              retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
+              clearing: bool = False, removing: bool = False) -> str:
     """The whole batch but its progress as one query over the relations ``{decoded}`` (the batch's
     records, :func:`decode_records`), ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
@@ -152,7 +156,13 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     what cannot is left out of the plan (the whole of expiry would cost every
     micro-batch about twice as many shuffles); so is the retry count when the batch holds
     no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
-    and picking one subscriber when no publish is DELIVERY ONE (``one``).  A smaller plan is
+    and picking one subscriber when no publish is DELIVERY ONE (``one``).  ``late``: the batch
+    holds a SUBSCRIBE, so earlier messages may reach it (:func:`routing.late`, over the relations
+    ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
+    stored candidates or a publish of the batch may precede the SUBSCRIBE); ``clearing``: one
+    of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
+    relation ``{clearable}``, :meth:`CommandSink.clearable`); ``removing``: a REMOVE TOPIC left
+    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
@@ -161,9 +171,12 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "events": routing.valid_events_sql("{decoded}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
         "routed_all": routing.route_all_sql("events", "intervals", one),
-        "routed": "SELECT * FROM routed_all WHERE account <> ''",
+        "late": (routing.late_sql("events", "intervals", "{late_stored}", "{late_held}", "routed_all", now) if late
+                 else _empty(routing.DELIVERIES)),
+        "routed": "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else ""),
         "acks": routing.extract_acks_sql("events"),
-        "unrouted": routing.unrouted_of_sql("routed_all"),
+        "unrouted": (f"SELECT * FROM ({routing.unrouted_of_sql('routed_all')}) "
+                     "WHERE smuid NOT IN (SELECT smuid FROM late)" if late else routing.unrouted_of_sql("routed_all")),
         "expiring": (routing.expiring_sql("routed" if new else routing.empty_sql(routing.DELIVERIES),
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
@@ -175,12 +188,19 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "reassigned": routing.reassigned_sql("released", "all_messages") if retries else _empty(routing.DELIVERIES),
         "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring", "released") if retries
                     else _empty(routing.RETRIED)),
-        "dead": routing.dead_messages_sql("expiring", "retried"),
+        "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
+                    if clearing else _empty(routing.CLEARED)),
+        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None),
+        "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
+                   else _empty(routing.NOBODY_UPDATES))
+                  + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
+                     if removing else ""),
         "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        "out_expired": routing.expired_records_sql("expiring", "retried", "released"),
-        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}") if receipts
+        "out_expired": routing.expired_records_sql("expiring", "retried", "released", "cleared"),
+        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}", "all_messages")
+                         if receipts
                          else _empty(routing.RECEIPTS_DUE)),
         "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
                              else _empty(routing.RECEIPT_MESSAGES)),
@@ -194,7 +214,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried", "released"),
+                                                       "unrouted", "expiring", "retried", "released", "nobody",
+                                                       "cleared"),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -260,6 +281,53 @@ def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
             event = json.loads(raw)
             keys.add((str(event["account"]), int(event["smuid"])))
     return sorted(keys)
+
+
+_SUBSCRIBE = re.compile(r'^\{\s*"type"\s*:\s*"subscribe"')
+
+
+def subscribes(records: pa.Table) -> list[tuple[str, str, bool]]:
+    """The (account, pattern, with SINCE) of the batch's SUBSCRIBE records (rare: decoded in Python)."""
+    values = pc.cast(records.column("value"), pa.string())
+    found = values.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))
+    triples = set()
+    for raw in found.to_pylist():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            event = json.loads(raw)
+            triples.add((str(event["account"]), str(event["pattern"]), event.get("since") is not None))
+    return sorted(triples)
+
+
+_PUBLISH = re.compile(r'^\{\s*"type"\s*:\s*"publish"')
+
+
+def publish_before_subscribe(records: pa.Table) -> bool:
+    """Whether a publish of the batch may precede one of its SUBSCRIBEs (by Kafka timestamp, an
+    over-approximation of ``seq`` order): only then can a late subscriber take a message of the
+    batch itself."""
+    values = pc.cast(records.column("value"), pa.string())
+    stamps = records.column("timestamp")
+    last_subscribe = pc.max(stamps.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))).as_py()
+    first_publish = pc.min(stamps.filter(pc.match_substring_regex(values, _PUBLISH.pattern))).as_py()
+    return last_subscribe is not None and first_publish is not None and first_publish <= last_subscribe
+
+
+def _sql_string(text: str) -> str:
+    """``text`` as a SQL string literal (for the delta-rs queries)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+_REMOVE_TOPIC = re.compile(r'^\{\s*"type"\s*:\s*"remove_topic"')
+
+
+def removed_topics(records: pa.Table) -> list[str]:
+    """The topics the batch's REMOVE TOPIC records name (rare: decoded in Python)."""
+    values = pc.cast(records.column("value"), pa.string())
+    topics = set()
+    for raw in values.filter(pc.match_substring_regex(values, _REMOVE_TOPIC.pattern)).to_pylist():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            topics.add(str(json.loads(raw)["topic"]))
+    return sorted(topics)
 
 
 _ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
@@ -476,13 +544,78 @@ class CommandSink:
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
         """The stored ``messages`` rows (columns :data:`_STORED_COLUMNS`) of ``smuids``."""
-        schema = arrow_schema(StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS]))
+        schema = arrow_schema(_STORED)
         if not smuids:
             return schema.empty_table()
         arrow = self._table("messages").to_pyarrow_table(
             columns=_STORED_COLUMNS, filters=[("smuid", ">=", min(smuids)), ("smuid", "<=", max(smuids))])
         arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(smuids, pa.int64())))
         return arrow.cast(schema)
+
+    def late_candidates(self, deliveries: DeltaTable, subscribed: list[tuple[str, str]],
+                        now: int | None) -> tuple[pa.Table, pa.Table]:
+        """What late subscribers may get (:func:`routing.late`): the stored messages (columns
+        :data:`_STORED_COLUMNS`) on the topics the batch's SUBSCRIBEs (``subscribed``: (account,
+        pattern)) cover that are not expired at ``now`` nor in the Trash as a whole, leaving out
+        DELIVERY ONE messages somebody holds; and which of them those accounts hold already
+        (:data:`routing.HELD`).  Read only for a batch with a SUBSCRIBE."""
+        schema = arrow_schema(_STORED)
+        held_schema = arrow_schema(routing.HELD)
+        if not subscribed:
+            return schema.empty_table(), held_schema.empty_table()
+        matches = " OR ".join(f"starts_with(topic, {_sql_string(pattern[:-1])})" if pattern.endswith("/*")
+                              else f"topic = {_sql_string(pattern)}" for pattern in sorted({p for _, p in subscribed}))
+        alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
+        candidates = f"""SELECT {", ".join(_STORED_COLUMNS)} FROM messages
+WHERE {alive}({matches})
+  AND NOT (coalesce(delivery, 'all') = 'one' AND smuid IN (SELECT smuid FROM deliveries WHERE delivery = 'one'))
+  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""
+        accounts = ", ".join(_sql_string(account) for account in sorted({a for a, _ in subscribed}))
+
+        def query(sql: str) -> pa.Table:
+            return pa.table(QueryBuilder().register("messages", self._table("messages"))
+                            .register("deliveries", deliveries).register("trash", self._table("trash"))
+                            .execute(sql))
+
+        stored = query(candidates)
+        if not stored.num_rows:
+            return schema.empty_table(), held_schema.empty_table()
+        held = query(f"SELECT account, smuid FROM deliveries WHERE account IN ({accounts}) "
+                     f"AND smuid IN (SELECT smuid FROM ({candidates}))")
+        return stored.select(schema.names).cast(schema), held.cast(held_schema)
+
+    def clearable(self, deliveries: DeltaTable, accounts: list[str]) -> pa.Table:
+        """The stored pending deliveries of ``accounts`` (those SUBSCRIBing with SINCE in the batch)
+        with their message's acceptance time (:data:`routing.CLEARABLE`)."""
+        schema = arrow_schema(routing.CLEARABLE)
+        if not accounts:
+            return schema.empty_table()
+        listed = ", ".join(_sql_string(account) for account in sorted(set(accounts)))
+        pending = pa.table(QueryBuilder().register("deliveries", deliveries).execute(
+            f"SELECT account, smuid, topic FROM deliveries WHERE status = 'pending' AND account IN ({listed})"))
+        if not pending.num_rows:
+            return schema.empty_table()
+        pending = pending.cast(pa.schema([("account", pa.string()), ("smuid", pa.int64()), ("topic", pa.string())]))
+        messages = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())))
+        joined = pending.join(messages.select(["smuid", "accepted_at"]), "smuid", join_type="inner")
+        return joined.select(schema.names).cast(schema)
+
+    def orphaned(self, deliveries: DeltaTable, topics: list[str], now: int | None) -> pa.Table:
+        """The stored messages (:data:`routing.ORPHANED`) of the removed ``topics`` and their
+        descendants that have not expired, are not in the Trash as a whole and that nobody holds
+        (no ``pending`` delivery): unrouted ones, and those kept only for late subscribers."""
+        schema = arrow_schema(routing.ORPHANED)
+        if not topics:
+            return schema.empty_table()
+        under = " OR ".join(f"topic = {_sql_string(t)} OR starts_with(topic, {_sql_string(t.rstrip('/') + '/')})"
+                            for t in sorted(set(topics)))
+        alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
+        reader = (QueryBuilder().register("messages", self._table("messages")).register("deliveries", deliveries)
+                  .register("trash", self._table("trash"))
+                  .execute(f"""SELECT smuid FROM messages WHERE {alive}({under})
+  AND smuid NOT IN (SELECT smuid FROM deliveries WHERE status = 'pending')
+  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""))
+        return pa.table(reader).cast(schema)
 
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
@@ -512,19 +645,33 @@ class CommandSink:
         retrying = self.retry_candidates(deliveries, nacked_keys(arrow_records))
         state = self.receipt_state(deliveries,
                                    sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
+        nobody = pc.equal(pending.column("account"), "")
+        unreached = set(pending.filter(nobody).column("smuid").to_pylist())  # 0/0 receipts, if they asked
         concerned = sorted(set(state.column("smuid").to_pylist()))
-        receipted = self.receipted(concerned)
+        receipted = self.receipted(sorted(set(concerned) | unreached))
+        orphaned = self.orphaned(deliveries, removed_topics(arrow_records), now)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
-                                             | set(retrying.column("smuid").to_pylist()) | set(concerned)))
+                                             | set(retrying.column("smuid").to_pylist()) | set(concerned)
+                                             | set(orphaned.column("smuid").to_pylist())))
+        subscribed = subscribes(arrow_records)
+        late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
+        clearable = self.clearable(deliveries, [a for a, _, since in subscribed if since])
         # The records decoded once, here: every branch of the query would otherwise re-read the source.
         frames = {"decoded": spark.createDataFrame(decode_records(arrow_records), schema=routing.EVENTS),
                   "current": self.current_subscriptions(spark)}
-        sql = batch_sql(batch_id, routed_at, now, may_expire(arrow_records, now, pending), retrying.num_rows > 0,
-                        state.num_rows > 0, has_delivery_one(arrow_records))
+        expiry = may_expire(arrow_records, now, pending)
+        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
+                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records),
+                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
+                        orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
+                                    ("late_stored", late_stored, _STORED),
+                                    ("late_held", late_held, routing.HELD),
+                                    ("clearable", clearable, routing.CLEARABLE),
+                                    ("orphaned", orphaned, routing.ORPHANED),
                                     ("receipt_state", state, routing.RECEIPT_STATE),
                                     ("receipted", receipted, _RECEIPTED),
-                                    ("stored", stored, StructType([MESSAGES_TABLE[n] for n in _STORED_COLUMNS]))):
+                                    ("stored", stored, _STORED)):
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
                 sql = sql.replace("{" + name + "}", relation)
@@ -563,20 +710,13 @@ class CommandSink:
         if not progress:
             return
         futures = self._emit(_by_seq(out["deliver"])) + self._emit(_by_seq(out["acked"]))
-        if out["expired"].num_rows:
-            # Expiry is decided from the deliveries table: once its commit marks them expired, a replay
-            # would not announce them again, so they must be out before that commit.
+        if out["expired"].num_rows or subscribes(records):
+            # Expiry, and what late subscribers get, are decided from the deliveries table: once its
+            # commit holds them, a replay would not announce them again, so they must be out before.
             futures += self._emit(out["expired"])
             self._flush(futures)
             futures = []
-        self._commit_messages(out["messages"], batch_id)
-        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
-        deliveries = out["deliveries"]
-        nobody = pc.equal(deliveries.column("account"), "")
-        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
-        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
-        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
-        self._commit_subscriptions(out["subscriptions"], batch_id)
+        self.commit_outputs(out, batch_id)
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
@@ -611,6 +751,18 @@ class CommandSink:
                                f"not acknowledged: {failed[0]!r}")
 
     # -- Delta
+
+    def commit_outputs(self, out: dict[str, pa.Table], batch_id: int) -> None:
+        """Commit the Delta outputs of :meth:`outputs`, each table idempotently for ``batch_id``,
+        ``subscriptions`` last (see the module docstring)."""
+        self._commit_messages(out["messages"], batch_id)
+        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
+        deliveries = out["deliveries"]
+        nobody = pc.equal(deliveries.column("account"), "")
+        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
+        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
+        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
+        self._commit_subscriptions(out["subscriptions"], batch_id)
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
         rows = _to_table(arrow, "messages")
@@ -650,9 +802,13 @@ class CommandSink:
                 updates={"retries": "s.retries"},
                 predicate="s.status = 'retry' AND t.status = 'pending'",
             )
-            .when_matched_update(
+            .when_matched_update(  # handed on (DELIVERY ONE), or cleared by a new SINCE
                 updates={"status": "s.status"},
-                predicate="s.status = 'released' AND t.status = 'pending'",
+                predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
+            )
+            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed
+                updates={"status": "s.status"},
+                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status = 'unrouted'",
             )
             .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
                 updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",

@@ -266,3 +266,39 @@ def test_a_job_restart_with_deliveries_in_flight_ends_every_message_once_acknowl
     assert sorted((r["account"], r["smuid"], r["status"]) for r in deliveries) == sorted(
         [("good", smuid, "acked") for smuid in published] + [("bad", smuid, "trashed") for smuid in published])
     assert set(ignored) == set(published)
+
+
+def test_a_late_subscriber_gets_what_has_not_expired_and_never_what_has(broker, spark, tmp_path):
+    """Issue 4: a message lives for its timeout; a subscriber that subscribes within it still gets
+    it (whether the message reached another subscriber or nobody), after it never."""
+    config = stack_config(broker, tmp_path, accounts=hashed(ann="a", bob="b", pub="p"))
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/q/late", "/q/lone")
+        async with await SMQPClient.open(*address, "ann", "a") as ann, \
+                await SMQPClient.open(*address, "pub", "p") as pub:
+            await ann.subscribe("/q/late")
+            lives = await pub.publish("/q/late", "lives", headers=[("Timeout", "00:00:05:00")])
+            dies = await pub.publish("/q/late", "dies", headers=[("Timeout", "00:00:00:02")])
+            alone = await pub.publish("/q/lone", "nobody yet", headers=[("Timeout", "00:00:05:00")])
+            # ann acknowledges nothing: "dies" expires into the Trash (the job's ticks are the clock)
+            trash = table_rows(config, "trash", until=lambda rows: bool(rows), timeout=180)
+            assert [(r["smuid"], r["reason"]) for r in trash] == [(dies, "expired")]
+            async with await SMQPClient.open(*address, "bob", "b") as bob:
+                await bob.subscribe("/q/*")
+                notes = []
+                for _ in range(2):  # one NOTIFY at a time: the next comes once this one is acknowledged
+                    notes.append(await bob.next_notification(60))
+                    await notes[-1].ack()
+                assert sorted((n.smuid, n.data) for n in notes) == sorted([(lives, b"lives"), (alone, b"nobody yet")])
+                with pytest.raises(TimeoutError):
+                    await bob.next_notification(3)
+        return lives, dies, alone
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        lives, dies, alone = asyncio.run(scenario(gateway.address))
+        bobs = table_rows(config, "deliveries", until=lambda rows: sum(
+            r["account"] == "bob" and r["status"] == "acked" for r in rows) == 2)
+    assert not [r for r in bobs if r["account"] == "bob" and r["smuid"] == dies]
+    unrouted = table_rows(config, "unrouted")
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(alone, "routed")]  # never trashed as undeliverable

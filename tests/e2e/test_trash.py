@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from deltalake import DeltaTable
 
 from gateway.accounts import hash_password
 from gateway.client import SMQPClient
@@ -62,3 +63,35 @@ def test_a_message_expired_while_its_subscriber_was_offline_is_read_from_the_tra
             assert (first.smuid, first.data) == (kept, b"24.600")
 
     asyncio.run(scenario())
+
+
+def test_removing_a_topic_trashes_the_messages_nobody_holds(broker, spark, tmp_path):
+    """Issue 4: a REMOVE TOPIC sends the topic's messages that nobody holds any more (one that
+    reached nobody, a state message kept for late subscribers) to its Trash, reason topic_removed."""
+    config = stack_config(broker, tmp_path)
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/q/gone")
+        async with await SMQPClient.open(*address) as guest:
+            unrouted = await guest.publish("/q/gone", "nobody yet", headers=[("Timeout", "00:00:05:00")])
+            state = await guest.publish("/q/gone", "state", headers=[("Timeout", "INFINITE")])
+            deadline = time.monotonic() + 180
+            while await guest.count_messages("/q/gone") != 2:  # the job has stored both
+                assert time.monotonic() < deadline, "the messages were never stored"
+                await asyncio.sleep(0.5)
+            await guest.remove_topic("/q/gone")
+        return unrouted, state
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        unrouted, state = asyncio.run(scenario(gateway.address))
+        deadline = time.monotonic() + 180
+        while len(rows := trash_rows(config)) < 2:
+            assert time.monotonic() < deadline, f"trash: still {rows}"
+            time.sleep(0.5)
+    assert sorted((r["smuid"], r["reason"], r["trash_topic"]) for r in rows) == [
+        (unrouted, "topic_removed", "/q/gone/Trash"), (state, "topic_removed", "/q/gone/Trash")]
+
+
+def trash_rows(config) -> list[dict]:
+    path = config.table_path("trash")
+    return DeltaTable(path).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(path) else []

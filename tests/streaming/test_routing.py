@@ -734,3 +734,124 @@ def test_a_nacked_delivery_one_message_goes_to_another_subscriber_never_to_one_t
     records = [ev.decode(r.value) for r in routing.expired_records(expiring, retried, released).collect()]
     assert sorted((a.account, a.smuid, a.reason) for a in records) == sorted(
         (held, s, "released") for s, (held, _) in moved.items())
+
+
+# -- late subscribers
+
+
+def stored_message(smuid, topic, accepted, expires_at=None, delivery="all", headers=()):
+    """A MESSAGES_TABLE row accepted at offset ``accepted``; ``expires_at`` in µs (None: a state message)."""
+    expires = None if expires_at is None else T0 + timedelta(microseconds=expires_at - US0)
+    return (smuid, topic, f"c{smuid}", "pub", "g", 0, [list(h) for h in headers], [], ts(accepted), 0, smuid, 1,
+            expires, "none", delivery)
+
+
+def late_for(frames, current, events, stored=(), held=(), now=NOW):
+    """:func:`routing.late` of a batch: (account, smuid) pairs, sorted."""
+    evts = frames.events(*events)
+    intervals = routing.subscription_intervals(frames.subs(*current), evts)
+    routed_all = routing.run_sql(routing.route_all_sql("{events}", "{intervals}"),
+                                 {"events": evts, "intervals": intervals})
+    rows = routing.late(evts, intervals, frames.of(MESSAGES_TABLE, *stored), frames.of(routing.HELD, *held),
+                        routed_all, now).collect()
+    return rows
+
+
+def test_a_new_subscriber_gets_the_earlier_messages_that_have_not_expired(frames):
+    stored = [stored_message(1, "/news/x", -50, expires_at=NOW + 1),  # lives: delivered
+              stored_message(2, "/news/y", -40),  # a state message: kept until removed
+              stored_message(3, "/news/x", -30, expires_at=NOW),  # expired now: never
+              stored_message(4, "/other", -20, expires_at=NOW + 1),  # another topic
+              stored_message(5, "/news/x", -10, expires_at=NOW + 1),  # bob holds it already
+              stored_message(6, "/news/x", -5, expires_at=NOW + 1, headers=[("Guarantee", "NO")])]
+    events = [publish(1, 7, "/news/x", expires_at=NOW + 1),  # this batch, before the SUBSCRIBE: delivered
+              subscribe(2, "bob", "/news/*"),
+              publish(3, 8, "/news/x", expires_at=NOW + 1)]  # after it: routed as usual, not late
+    rows = late_for(frames, [], events, stored, held=[("bob", 5)])
+    assert sorted((r.account, r.smuid) for r in rows) == [("bob", 1), ("bob", 2), ("bob", 6), ("bob", 7)]
+    by_smuid = {r.smuid: r for r in rows}
+    assert by_smuid[1].seq == make_seq(2) and by_smuid[1].accepted_at == at(-50)  # answers the SUBSCRIBE
+    assert by_smuid[1].expires_at == NOW + 1 and by_smuid[2].expires_at is None
+    # a GUARANTEE NO message goes as the usual path sends it: settled when sent
+    updates = routing.delivery_updates(frames.deliveries(*(tuple(r) for r in rows)), frames.of(ACKS), 5, T0, NOW)
+    assert {r.smuid: r.status for r in updates.collect()} == {1: "pending", 2: "pending", 6: "sent", 7: "pending"}
+
+
+def test_late_delivery_respects_since_until_and_skips_resubscribes_and_unsubscribed(frames):
+    stored = [stored_message(1, "/t", -50, expires_at=NOW + 1), stored_message(2, "/t", -5, expires_at=NOW + 1)]
+    events = [subscribe(1, "ann", "/t", since=-10),  # SINCE: only message 2
+              subscribe(2, "ben", "/t", until=-10),  # UNTIL: only message 1
+              subscribe(3, "cat", "/t"),  # re-SUBSCRIBE while subscribed: redefines, nothing again
+              subscribe(4, "dan", "/t"), unsubscribe(5, "dan", "/t")]  # gone by the end of the batch
+    rows = late_for(frames, [sub_row("cat", "/t")], events, stored)
+    assert sorted((r.account, r.smuid) for r in rows) == [("ann", 2), ("ben", 1)]
+
+
+def test_a_delivery_one_message_nobody_holds_goes_to_one_late_subscriber(frames):
+    stored = [stored_message(1, "/jobs", -50, expires_at=NOW + 1, delivery="one")]  # the sink read: nobody holds it
+    events = [publish(1, 2, "/jobs", delivery="one", expires_at=NOW + 1),  # reaches nobody in this batch
+              subscribe(2, "eve", "/jobs"),
+              publish(3, 3, "/jobs", delivery="one", expires_at=NOW + 1),  # reaches eve: nobody else's
+              subscribe(4, "ann", "/jobs"), subscribe(5, "ben", "/jobs")]
+    takers = {}
+    for r in late_for(frames, [], events, stored):
+        takers.setdefault(r.smuid, []).append(r.account)
+    assert sorted(takers) == [1, 2] and all(len(t) == 1 and t[0] in ("ann", "ben", "eve") for t in takers.values())
+
+
+def test_a_message_taken_by_a_late_subscriber_is_no_longer_unrouted(frames):
+    nobody = frames.of(routing.NOBODY_UPDATES, (1, "routed"))
+    updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 5, T0, NOW, nobody=nobody)
+    assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("", 1, "routed", False)]
+
+
+# -- a new SINCE clears what is pending
+
+
+def test_a_subscribe_with_since_clears_the_pending_deliveries_accepted_before_it(frames):
+    events = frames.events(subscribe(5, "bob", "/news/*", since=-10), ack(6, "bob", 4),
+                           subscribe(7, "ann", "/news/x"))  # no SINCE: clears nothing
+    intervals = routing.subscription_intervals(frames.subs(sub_row("bob", "/news/*"), sub_row("ann", "/news/x")),
+                                               events)
+    clearable = frames.of(routing.CLEARABLE,
+                          ("bob", 1, "/news/x", ts(-20)),  # before SINCE: cleared
+                          ("bob", 2, "/news/x", ts(-10)),  # at SINCE: kept
+                          ("bob", 3, "/other", ts(-20)),  # another topic: kept
+                          ("bob", 4, "/news/y", ts(-20)),  # acknowledged in this batch: the ACK wins
+                          ("bob", 5, "/news/y", ts(-20)),  # expires in this batch: expiry wins
+                          ("ann", 6, "/news/x", ts(-20)))
+    acks, expiring = routing.extract_acks(events), frames.of(routing.EXPIRING, ("bob", 5, False))
+    cleared = routing.cleared(intervals, clearable, acks, expiring, no_retries(frames), frames.of(routing.RELEASED))
+    assert_df_equality(cleared, frames.of(routing.CLEARED, ("bob", 1, seq(5))), ignore_nullable=True)
+    records = [ev.decode(r.value) for r in routing.expired_records(frames.of(routing.EXPIRING), no_retries(frames),
+                                                                   None, cleared).collect()]
+    assert records == [ev.Acked("bob", 1, "cleared")]  # the gateways withdraw it
+    updates = routing.delivery_updates(frames.deliveries(), frames.of(ACKS), 5, T0, NOW, cleared=cleared)
+    assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("bob", 1, "cleared", False)]
+
+
+def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
+    messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
+                                            "all") for n, mode in ((1, "all"), (2, "one"), (3, "none"), (4, "all"))))
+    expiring = frames.of(routing.EXPIRING, ("", 1, False), ("", 2, True), ("", 3, False), ("", 4, False))
+    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]), (4,))  # answered already
+    due = routing.receipts_due(frames.of(routing.RECEIPT_STATE), frames.of(ACKS), expiring, receipted, messages)
+    expected = frames.of(routing.RECEIPTS_DUE, (1, "all", 0, 0), (2, "one", 0, 0))
+    assert_df_equality(due, expected, ignore_row_order=True, ignore_nullable=True)
+    rows = routing.receipt_messages(due, messages, NOW).collect()
+    assert sorted((r.account, r.receipt_for, r.headers[-1][1]) for r in rows) == [("alice", 1, "0/0"),
+                                                                                ("alice", 2, "0/0")]
+
+
+# -- REMOVE TOPIC
+
+
+def test_messages_of_a_removed_topic_that_nobody_holds_go_to_the_trash_as_topic_removed(frames):
+    expiring = frames.of(routing.EXPIRING, ("", 2, False))  # expires in this batch too: expired wins
+    orphaned = frames.of(routing.ORPHANED, (1,), (2,))
+    dead_rows = routing.dead_messages(expiring, no_retries(frames), orphaned)
+    assert sorted((r.smuid, r.account, r.reason) for r in dead_rows.collect()) == [
+        (1, "", "topic_removed"), (2, "", "undeliverable")]
+    stored = frames.of(MESSAGES_TABLE, (1, "/t/x", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, None, "none", "all"))
+    trashed = routing.trash(frames.of(routing.DEAD, (1, "", "topic_removed")), stored, NOW, 6).collect()
+    assert [(r.smuid, r.trash_topic, r.reason) for r in trashed] == [(1, "/t/x/Trash", "topic_removed")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from chispa import assert_df_equality
+from deltalake import DeltaTable
 
 from schemas import events as ev
 from schemas.config import load_config
@@ -152,3 +153,65 @@ def test_decoding_in_python_gives_the_events_from_json_gives(spark):
     assert_df_equality(ours, routing.parse_commands(records), ignore_row_order=True, ignore_nullable=True)
     # publish, subscribe, ack and the ack with an extra field route; registry events are not routed
     assert sorted(r.kafka_offset for r in ours.collect()) == [40, 41, 42, 44]
+
+
+def run_batch(spark, sink, batch_id, commands, offset=0) -> dict:
+    """One batch of ``commands`` through ``sink.outputs``, committed to Delta as the sink does."""
+    rows = [(None, c.to_bytes(), "cmd", 0, offset + i, T0 + timedelta(milliseconds=offset + i), 0)
+            for i, c in enumerate(commands)]
+    out = sink.outputs(spark.createDataFrame(rows, KAFKA_RECORD), batch_id, T0)
+    sink.commit_outputs(out, batch_id)
+    return out
+
+
+def delivered(out) -> list[tuple[str, int]]:
+    return sorted((d.account, d.smuid) for d in map(ev.decode, out["deliver"].column("value").to_pylist()))
+
+
+def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp_path):
+    """Messages stored by an earlier batch reach a SUBSCRIBE of a later one while they live; one
+    that reached nobody is no longer ``unrouted`` once taken (so never trashed as undeliverable)."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [
+        ev.Subscribe("ann", "ga", "/t/x", US0),
+        ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, expires_at=US0 + 60_000_000),  # reaches ann
+        ev.Publish(2, "/t/y", "c2", "alice", "gp", US0 + 2, expires_at=US0 + 60_000_000),  # reaches nobody
+        ev.Publish(3, "/t/y", "c3", "alice", "gp", US0 + 3, expires_at=US0 + 5_000_000),  # expired below
+        ev.Publish(4, "/t/y", "c4", "alice", "gp", US0 + 4),  # a state message
+    ])
+    out = run_batch(spark, sink, 1, [ev.Tick(US0 + 10_000_000), ev.Subscribe("bob", "gb", "/t/*", US0 + 10_000_000),
+                                     ev.Subscribe("ann", "ga", "/t/*", US0 + 10_000_001)], offset=10)
+    assert delivered(out) == [("ann", 2), ("ann", 4), ("bob", 1), ("bob", 2), ("bob", 4)]
+    assert out["trash"].column("reason").to_pylist() == ["undeliverable"]  # 3, expired before anyone came
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in unrouted) == [(2, "routed"), (3, "expired")]
+    # the next SUBSCRIBE of bob's (a new pattern) gets nothing twice
+    again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/y", US0 + 10_000_002)], offset=20)
+    assert delivered(again) == []
+
+
+def test_a_subscribe_with_since_clears_what_is_pending_before_it(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),
+                               ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 3)])
+    out = run_batch(spark, sink, 1, [ev.Subscribe("bob", "gb", "/t/*", US0 + 5, since=US0 + 2)], offset=10)
+    assert [ev.decode(v) for v in out["expired"].column("value").to_pylist()] == [ev.Acked("bob", 1, "cleared")]
+    rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
+
+
+def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),  # bob acknowledges it
+                               ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 2),  # still pending for bob
+                               ev.Publish(3, "/t/x/y", "c3", "alice", "gp", US0 + 3, expires_at=US0 + 60_000_000),
+                               ev.Publish(4, "/u", "c4", "alice", "gp", US0 + 4),  # another topic
+                               ev.Ack("bob", "gb", 1, US0 + 5)])
+    out = run_batch(spark, sink, 1, [ev.RemoveTopic("r", "alice", "/t/x", US0 + 10)], offset=10)
+    assert sorted(zip(out["trash"].column("smuid").to_pylist(), out["trash"].column("reason").to_pylist(),
+                      out["trash"].column("trash_topic").to_pylist())) == [
+        (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
