@@ -268,47 +268,54 @@ def may_expire(records: pa.Table, now: int | None, pending: pa.Table) -> tuple[b
     return earliest is not None and earliest <= now, pending.num_rows > 0
 
 
-_NACK = re.compile(r'^\{\s*"type"\s*:\s*"nack"')
+def _of_type(type_: str) -> str:
+    """Regex: a record value that is an event of ``type_`` (every event's JSON starts with its type)."""
+    return rf'^\{{\s*"type"\s*:\s*"{type_}"'
+
+
+def _is(records: pa.Table, type_: str) -> pa.ChunkedArray:
+    """Which of the batch's records are events of ``type_``."""
+    return pc.match_substring_regex(pc.cast(records.column("value"), pa.string()), _of_type(type_))
+
+
+def _events(records: pa.Table, type_: str) -> list[dict]:
+    """The batch's events of ``type_``, decoded in Python: the pre-reads need only rare kinds."""
+    found = []
+    for raw in records.column("value").filter(_is(records, type_)).to_pylist():
+        with contextlib.suppress(ValueError):
+            event = json.loads(raw)
+            if isinstance(event, dict):
+                found.append(event)
+    return found
+
+
+def _fields(events: list[dict], make) -> list:
+    """``make(event)`` of each event it fits, sorted and without repeats (malformed events skipped)."""
+    made = set()
+    for event in events:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            made.add(make(event))
+    return sorted(made)
 
 
 def nacked_keys(records: pa.Table) -> list[tuple[str, int]]:
-    """The (account, smuid) pairs the batch's NACK records name (rare: decoded in Python)."""
-    values = pc.cast(records.column("value"), pa.string())
-    nacks = values.filter(pc.match_substring_regex(values, _NACK.pattern))
-    keys = set()
-    for raw in nacks.to_pylist():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            event = json.loads(raw)
-            keys.add((str(event["account"]), int(event["smuid"])))
-    return sorted(keys)
-
-
-_SUBSCRIBE = re.compile(r'^\{\s*"type"\s*:\s*"subscribe"')
+    """The (account, smuid) pairs the batch's NACK records name."""
+    return _fields(_events(records, "nack"), lambda e: (str(e["account"]), int(e["smuid"])))
 
 
 def subscribes(records: pa.Table) -> list[tuple[str, str, bool]]:
-    """The (account, pattern, with SINCE) of the batch's SUBSCRIBE records (rare: decoded in Python)."""
-    values = pc.cast(records.column("value"), pa.string())
-    found = values.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))
-    triples = set()
-    for raw in found.to_pylist():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            event = json.loads(raw)
-            triples.add((str(event["account"]), str(event["pattern"]), event.get("since") is not None))
-    return sorted(triples)
-
-
-_PUBLISH = re.compile(r'^\{\s*"type"\s*:\s*"publish"')
+    """The (account, pattern, with SINCE) of the batch's SUBSCRIBE records."""
+    return _fields(_events(records, "subscribe"),
+                   lambda e: (str(e["account"]), str(e["pattern"]), e.get("since") is not None))
 
 
 def publish_before_subscribe(records: pa.Table) -> bool:
     """Whether a publish of the batch may precede one of its SUBSCRIBEs (by Kafka timestamp, an
     over-approximation of ``seq`` order): only then can a late subscriber take a message of the
     batch itself."""
-    values = pc.cast(records.column("value"), pa.string())
     stamps = records.column("timestamp")
-    last_subscribe = pc.max(stamps.filter(pc.match_substring_regex(values, _SUBSCRIBE.pattern))).as_py()
-    first_publish = pc.min(stamps.filter(pc.match_substring_regex(values, _PUBLISH.pattern))).as_py()
+    last_subscribe = pc.max(stamps.filter(_is(records, "subscribe"))).as_py()
+    first_publish = pc.min(stamps.filter(_is(records, "publish"))).as_py()
     return last_subscribe is not None and first_publish is not None and first_publish <= last_subscribe
 
 
@@ -317,27 +324,15 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-_REMOVE_TOPIC = re.compile(r'^\{\s*"type"\s*:\s*"remove_topic"')
-
-
 def removed_topics(records: pa.Table) -> list[str]:
-    """The topics the batch's REMOVE TOPIC records name (rare: decoded in Python)."""
-    values = pc.cast(records.column("value"), pa.string())
-    topics = set()
-    for raw in values.filter(pc.match_substring_regex(values, _REMOVE_TOPIC.pattern)).to_pylist():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            topics.add(str(json.loads(raw)["topic"]))
-    return sorted(topics)
-
-
-_ACK = re.compile(r'^\{\s*"type"\s*:\s*"ack"')
+    """The topics the batch's REMOVE TOPIC records name."""
+    return _fields(_events(records, "remove_topic"), lambda e: str(e["topic"]))
 
 
 def acked_smuids(records: pa.Table) -> list[int]:
-    """The smuids the batch's ACK records name."""
-    values = pc.cast(records.column("value"), pa.string())
-    acks = values.filter(pc.match_substring_regex(values, _ACK.pattern))
-    numbers = pc.struct_field(pc.extract_regex(acks, r'"smuid"\s*:\s*(?P<n>\d+)'), [0])
+    """The smuids the batch's ACK records name (common: read by regex, not decoded)."""
+    values = pc.cast(records.column("value"), pa.string()).filter(_is(records, "ack"))
+    numbers = pc.struct_field(pc.extract_regex(values, r'"smuid"\s*:\s*(?P<n>\d+)'), [0])
     return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
 
 
