@@ -107,7 +107,8 @@ ACKS = StructType([
     StructField("seq", SEQ, True),
 ])
 
-#: The stored deliveries expiry looks at (``deliveries`` Delta rows with status pending or unrouted).
+#: The stored deliveries expiry looks at (``deliveries`` rows with status pending, ``unrouted`` rows with
+#: status unrouted or waiting).
 PENDING = StructType([
     StructField("account", StringType(), True),
     StructField("smuid", LongType(), True),
@@ -682,7 +683,7 @@ UNION ALL
 SELECT p.account, p.smuid, FALSE AS is_new
 FROM (SELECT * FROM {pending} q LEFT ANTI JOIN {routed} r ON q.account = r.account AND q.smuid = r.smuid) p
 LEFT ANTI JOIN {acks} a ON p.account = a.account AND p.smuid = a.smuid
-WHERE p.status IN ('pending', 'unrouted') AND {_expired("p.expires_at", now, micros=False)}"""
+WHERE p.status IN ('pending', 'unrouted', 'waiting') AND {_expired("p.expires_at", now, micros=False)}"""
 
 
 def expiring(routed: DataFrame, unrouted: DataFrame, acks: DataFrame, pending: DataFrame,
@@ -696,7 +697,7 @@ def expiring(routed: DataFrame, unrouted: DataFrame, acks: DataFrame, pending: D
     (:data:`DELIVERIES`, ``routed``) of an already expired message, unless the
     batch also holds their ACK; this batch's :func:`unrouted` publishes
     (account ``''``); and the stored ``pending`` rows (:data:`PENDING`: status
-    ``pending`` or ``unrouted``) the batch neither acknowledges nor routes
+    ``pending``, ``unrouted`` or ``waiting``) the batch neither acknowledges nor routes
     anew.  A delivery of a non-guaranteed message is settled when sent and
     never expires.
     """

@@ -32,6 +32,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -42,9 +43,11 @@ from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, Lo
                                StructType)
 
 from schemas.config import SMQPConfig
+from schemas.events import Deliver, Section
+from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
-from streaming import routing
+from streaming import dispatch, routing
 from streaming.retention import TrashSweeper
 
 log = logging.getLogger(__name__)
@@ -404,6 +407,124 @@ def _by_seq(records: pa.Table) -> pa.Table:
     return records.take(order)
 
 
+_ACCOUNT_TOPIC = r"^/accounts/[^/]+$"
+
+#: Statuses of the non-new ``deliveries`` rows that end a stored delivery in this batch.
+_SETTLING = ["acked", "expired", "trashed", "released", "cleared"]
+
+
+def _picked_one(deliveries: pa.Table) -> pa.Table:
+    """The routing query's new, unacknowledged DELIVERY ONE deliveries (not those of account topics,
+    which have one possible holder, their owner)."""
+    mask = pc.and_(pc.and_(deliveries.column("is_new"), pc.equal(deliveries.column("status"), "pending")),
+                   pc.and_(pc.equal(deliveries.column("delivery"), "one"),
+                           pc.not_equal(deliveries.column("account"), "")))
+    mask = pc.and_(mask, pc.invert(pc.match_substring_regex(deliveries.column("topic"), _ACCOUNT_TOPIC)))
+    return deliveries.filter(pc.fill_null(mask, False))
+
+
+def _is_settlement(deliveries: pa.Table) -> pa.ChunkedArray:
+    """Which rows update a stored delivery (not ``is_new``)."""
+    return pc.invert(pc.fill_null(deliveries.column("is_new"), False))
+
+
+def _settlements(deliveries: pa.Table) -> dict[tuple[str, int], str]:
+    """(account, smuid) → status of the stored deliveries this batch ends (ACKed, expired, …)."""
+    rows = deliveries.filter(pc.and_(_is_settlement(deliveries),
+                                     pc.is_in(deliveries.column("status"), pa.array(_SETTLING))))
+    return {(a, s): status for a, s, status in zip(rows.column("account").to_pylist(), rows.column("smuid").to_pylist(),
+                                                   rows.column("status").to_pylist())}
+
+
+def _settled_nobody(deliveries: pa.Table) -> set[int]:
+    """The messages of account ``''`` rows this batch expires or trashes: none of them is dispatched."""
+    rows = deliveries.filter(pc.and_(pc.equal(deliveries.column("account"), ""),
+                                     pc.is_in(deliveries.column("status"), pa.array(["expired", "trashed"]))))
+    return set(rows.column("smuid").to_pylist())
+
+
+def _micros(value: datetime | int | None) -> int | None:
+    """A timestamp as microseconds since the epoch (ints pass through)."""
+    if value is None or isinstance(value, int):
+        return value
+    return int(value.timestamp() * 1_000_000) if value.tzinfo else int(
+        value.replace(tzinfo=timezone.utc).timestamp() * 1_000_000)
+
+
+_SMUID_IN_RECORD = r'"smuid":(?P<n>\d+)'
+
+
+def _record_smuids(records: pa.Table) -> pa.Array:
+    """The smuid of each Deliver/Acked record (a top-level field; nested quotes are escaped)."""
+    found = pc.struct_field(pc.extract_regex(records.column("value"), _SMUID_IN_RECORD), [0])
+    return pc.cast(found, pa.int64())
+
+
+def _accepted_at(deliver: pa.Table) -> dict[int, int]:
+    """smuid → accepted_at of the batch's DELIVERY ONE Deliver records."""
+    ones = deliver.filter(pc.match_substring(deliver.column("value"), '"delivery":"one"'))
+    return {event["smuid"]: event["accepted_at"] for event in map(json.loads, ones.column("value").to_pylist())}
+
+
+def _delivery_row(message: dict, account: str, status: str, batch_id: int, routed_at: datetime,
+                  is_new: bool) -> dict:
+    """A ``deliveries`` output row (:data:`OUTPUTS`) of a stored DELIVERY ONE message."""
+    return {"account": account, "smuid": message["smuid"], "topic": message["topic"],
+            "priority": message["priority"], "status": status, "routed_at": routed_at,
+            "routed_batch_id": batch_id, "acked_at": None, "acked_guid": None, "expires_at": message["expires_at"],
+            "retries": None, "receipt": message["receipt"] or "none", "delivery": "one", "is_new": is_new}
+
+
+def _deliver_record(message: dict, account: str) -> dict:
+    """The ``smqp.deliveries`` record (:data:`routing.KAFKA_OUT`) of a stored message for ``account``."""
+    event = Deliver(account=account, smuid=message["smuid"], topic=message["topic"], cmuid=message["cmuid"],
+                    publisher=message["publisher"], publisher_guid=message["publisher_guid"],
+                    accepted_at=_micros(message["accepted_at"]), priority=message["priority"] or 0,
+                    headers=[tuple(h) for h in message["headers"] or []],
+                    sections=[Section.from_json(s) for s in message["sections"] or []], delivery="one")
+    return {"key": account.encode(), "value": event.to_bytes().decode(), "seq": None}
+
+
+def _rehold(deliveries: pa.Table, picked: pa.Table, holders: dict[int, str | None], dispatched: dict[int, dict],
+            batch_id: int, routed_at: datetime) -> tuple[pa.Table, set[int]]:
+    """The batch's ``deliveries`` rows with each pick whose holder ``holders`` changed moved to it (or,
+    with no holder, replaced by a ``waiting`` row of account ``''``), plus a pending row and a
+    ``routed`` one for each ``dispatched`` waiting message (smuid → its stored message); and which
+    picks changed."""
+    picks = picked.to_pylist()
+    changed = {row["smuid"] for row in picks if holders.get(row["smuid"], row["account"]) != row["account"]}
+    waits = sorted(smuid for smuid in changed if holders[smuid] is None)
+    rows = [dict(row, account=holders[row["smuid"]] or "", status="waiting" if holders[row["smuid"]] is None
+                 else row["status"]) for row in picks if row["smuid"] in changed]
+    for smuid, message in sorted(dispatched.items()):
+        rows.append(_delivery_row(message, holders[smuid], "pending", batch_id, routed_at, True))
+        rows.append(_delivery_row(message, "", "routed", batch_id, routed_at, False))
+    smuids, accounts = deliveries.column("smuid"), deliveries.column("account")
+    moved_picks = pc.and_(pc.is_in(smuids, pa.array(sorted(changed), pa.int64())),
+                          pc.and_(deliveries.column("is_new"), pc.not_equal(accounts, "")))
+    redone_nobody = pc.and_(pc.equal(accounts, ""),
+                            pc.is_in(smuids, pa.array(waits + sorted(dispatched), pa.int64())))
+    kept = deliveries.filter(pc.invert(pc.fill_null(pc.or_(moved_picks, redone_nobody), False)))
+    return pa.concat_tables([kept, pa.Table.from_pylist(rows, schema=deliveries.schema)]), changed
+
+
+def _redeliver(deliver: pa.Table, holders: dict[int, str | None], changed: set[int], added: list[dict]) -> pa.Table:
+    """The batch's Deliver records with each ``changed`` pick sent to its new holder (or dropped: it
+    waits), plus the ``added`` ones."""
+    if not changed and not added:
+        return deliver
+    smuids = _record_smuids(deliver)
+    moving = pc.fill_null(pc.is_in(smuids, pa.array(sorted(changed), pa.int64())), False)
+    moved = []
+    for record in deliver.filter(moving).to_pylist():
+        event = json.loads(record["value"])
+        if (holder := holders[event["smuid"]]) is not None:
+            event["account"] = holder
+            moved.append({**record, "key": holder.encode(), "value": json.dumps(event, separators=(",", ":"))})
+    return pa.concat_tables([deliver.filter(pc.invert(moving)),
+                             pa.Table.from_pylist(moved + added, schema=deliver.schema)])
+
+
 class CommandSink:
     """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one KafkaProducer.
 
@@ -415,6 +536,9 @@ class CommandSink:
         self.query_name = config.streaming.query_name
         self._producer = None
         self.sweep_trash = TrashSweeper(config)
+        self.topic_settings = TopicSettings(config.topics)
+        # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
+        self._waiting: bool | None = None
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
 
@@ -474,20 +598,22 @@ class CommandSink:
             self._producer.close(timeout=30)
             self._producer = None
 
-    def current_subscriptions(self, spark: SparkSession) -> DataFrame:
-        """Active rows of the ``subscriptions`` Delta table, as a Spark frame."""
+    def active_subscriptions(self) -> pa.Table:
+        """Active rows of the ``subscriptions`` Delta table."""
         path = self.config.table_path("subscriptions")
         schema = arrow_schema(SUBSCRIPTIONS_TABLE)
-        if DeltaTable.is_deltatable(path):
-            arrow = DeltaTable(path).to_pyarrow_table(filters=[("active", "=", True)])
-            arrow = _with_columns(arrow, schema).select(schema.names).cast(schema)
-        else:
-            arrow = schema.empty_table()
-        return spark.createDataFrame(arrow, schema=SUBSCRIPTIONS_TABLE)
+        if not DeltaTable.is_deltatable(path):
+            return schema.empty_table()
+        arrow = DeltaTable(path).to_pyarrow_table(filters=[("active", "=", True)])
+        return _with_columns(arrow, schema).select(schema.names).cast(schema)
+
+    def current_subscriptions(self, spark: SparkSession) -> DataFrame:
+        """Active rows of the ``subscriptions`` Delta table, as a Spark frame."""
+        return spark.createDataFrame(self.active_subscriptions(), schema=SUBSCRIPTIONS_TABLE)
 
     def expiry_candidates(self, now: int | None, deliveries: DeltaTable | None = None) -> pa.Table:
         """Stored deliveries (:data:`routing.PENDING`) still ``pending`` (``deliveries``) or ``unrouted``
-        (the ``unrouted`` table) whose message expires at or before ``now``.
+        or ``waiting`` (the ``unrouted`` table) whose message expires at or before ``now``.
 
         Reads only those rows: delta-rs prunes files by their ``status`` and
         ``expires_at`` statistics, so rows already settled and messages that
@@ -499,7 +625,7 @@ class CommandSink:
         # delta-rs' own engine (DataFusion): merges write string_view columns, which pyarrow's
         # dataset filters cannot compare with the table's string statistics.
         columns = ", ".join(schema.names)
-        where = f"WHERE status IN ('pending', 'unrouted') AND expires_at <= to_timestamp_micros({int(now)})"
+        where = f"WHERE status IN ('pending', 'unrouted', 'waiting') AND expires_at <= to_timestamp_micros({int(now)})"
         reader = (QueryBuilder().register("deliveries", deliveries or self._table("deliveries"))
                   .register("unrouted", self._table("unrouted"))
                   .execute(f"SELECT {columns} FROM deliveries {where} UNION ALL SELECT {columns} FROM unrouted {where}"))
@@ -552,7 +678,7 @@ class CommandSink:
         """What late subscribers may get (:func:`routing.late`): the stored messages (columns
         :data:`_STORED_COLUMNS`) on the topics the batch's SUBSCRIBEs (``subscribed``: (account,
         pattern)) cover that are not expired at ``now`` nor in the Trash as a whole, leaving out
-        DELIVERY ONE messages somebody holds; and which of them those accounts hold already
+        DELIVERY ONE messages somebody holds or that wait for room (:meth:`limit_in_flight`); and which of them those accounts hold already
         (:data:`routing.HELD`).  Read only for a batch with a SUBSCRIBE."""
         schema = arrow_schema(_STORED)
         held_schema = arrow_schema(routing.HELD)
@@ -564,13 +690,14 @@ class CommandSink:
         candidates = f"""SELECT {", ".join(_STORED_COLUMNS)} FROM messages
 WHERE {alive}({matches})
   AND NOT (coalesce(delivery, 'all') = 'one' AND smuid IN (SELECT smuid FROM deliveries WHERE delivery = 'one'))
-  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""
+  AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')
+  AND smuid NOT IN (SELECT smuid FROM unrouted WHERE status = 'waiting')"""
         accounts = ", ".join(_sql_string(account) for account in sorted({a for a, _ in subscribed}))
 
         def query(sql: str) -> pa.Table:
             return pa.table(QueryBuilder().register("messages", self._table("messages"))
                             .register("deliveries", deliveries).register("trash", self._table("trash"))
-                            .execute(sql))
+                            .register("unrouted", self._table("unrouted")).execute(sql))
 
         stored = query(candidates)
         if not stored.num_rows:
@@ -618,6 +745,96 @@ WHERE {alive}({matches})
         if not arrow.num_rows:
             return routing.empty_sql(schema)
         return spark.createDataFrame(arrow, schema=schema)
+
+    # -- DELIVERY ONE's in-flight limit (:mod:`streaming.dispatch`)
+
+    def limit_in_flight(self, out: dict[str, pa.Table], records: pa.Table, batch_id: int,
+                        routed_at: datetime) -> None:
+        """Hold each subscriber to its topics' ``max_in_flight`` unacknowledged DELIVERY ONE messages,
+        rewriting ``out`` (:meth:`outputs`) in place.
+
+        The routing query's ONE deliveries (``picked``) and the messages waiting from earlier
+        batches (``unrouted`` rows with status ``waiting``) go to :func:`dispatch.assign`: a
+        delivery moved to another subscriber changes account in ``deliveries`` and ``deliver``; one
+        that must wait becomes a ``waiting`` row of account ``''`` and is not sent; a waiting
+        message assigned now gets its delivery and Deliver, and its row becomes ``routed``.  Nothing
+        is read when the batch has no ONE delivery and nothing is known to wait.  A replayed batch
+        whose deliveries were committed takes the holders from that commit, so it sends what the
+        first attempt recorded.
+        """
+        deliveries = out["deliveries"]
+        picked = _picked_one(deliveries)
+        if not picked.num_rows and self._waiting is False:
+            return
+        table = self._table("deliveries")
+        dying = _settled_nobody(deliveries)
+        waiting = [smuid for smuid in self._waiting_smuids() if smuid not in dying]
+        if self._done("deliveries", batch_id):
+            holders = self._recorded_holders(table, batch_id, picked)
+        else:
+            holders = self._decide_holders(table, out, records, picked, waiting)
+        chosen = {smuid for smuid, holder in holders.items() if holder is not None}
+        self._waiting = len(holders) > len(chosen) or bool(set(waiting) - set(holders))
+        dispatched = sorted(chosen - set(picked.column("smuid").to_pylist()))
+        messages = {row["smuid"]: row for row in self.stored_messages(dispatched).to_pylist()}
+        out["deliveries"], changed = _rehold(deliveries, picked, holders, messages, batch_id, routed_at)
+        out["deliver"] = _redeliver(out["deliver"], holders, changed,
+                                    [_deliver_record(messages[smuid], holders[smuid]) for smuid in sorted(messages)])
+
+    def _waiting_smuids(self) -> list[int]:
+        """The messages waiting for a subscriber with room (``unrouted`` rows with status ``waiting``)."""
+        if self._waiting is False:
+            return []
+        reader = QueryBuilder().register("unrouted", self._table("unrouted")).execute(
+            "SELECT smuid FROM unrouted WHERE status = 'waiting'")
+        return sorted(set(pa.table(reader).column("smuid").to_pylist()))
+
+    def _recorded_holders(self, table: DeltaTable, batch_id: int, picked: pa.Table) -> dict[int, str | None]:
+        """A replay's holders: what this batch's committed deliveries say (a pick without a row waited)."""
+        reader = QueryBuilder().register("deliveries", table).execute(
+            "SELECT account, smuid FROM deliveries WHERE delivery = 'one' AND status = 'pending' AND account <> '' "
+            f"AND routed_batch_id = {int(batch_id)}")
+        recorded = pa.table(reader)
+        holders: dict[int, str | None] = {smuid: None for smuid in picked.column("smuid").to_pylist()}
+        holders.update(zip(recorded.column("smuid").to_pylist(), recorded.column("account").to_pylist()))
+        return holders
+
+    def _decide_holders(self, table: DeltaTable, out: dict[str, pa.Table], records: pa.Table, picked: pa.Table,
+                        waiting: list[int]) -> dict[int, str | None]:
+        """:func:`dispatch.assign` over this batch's picks and the waiting messages."""
+        deliveries = out["deliveries"]
+        offers = {row["smuid"]: dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
+                                               _micros(row["accepted_at"]))
+                  for row in self.stored_messages(waiting).to_pylist()}
+        accepted = _accepted_at(out["deliver"])
+        for row in picked.to_pylist():
+            offers[row["smuid"]] = dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
+                                                  accepted.get(row["smuid"], 0), picked=row["account"])
+        if not offers:
+            return {}
+        settled = _settlements(deliveries)
+        pending = pa.table(QueryBuilder().register("deliveries", table).execute(
+            "SELECT account, smuid, topic FROM deliveries WHERE status = 'pending' AND delivery = 'one'"))
+        in_flight = Counter((a, t) for a, s, t in zip(*(pending.column(c).to_pylist() for c in ("account", "smuid",
+                                                                                                 "topic")))
+                            if (a, s) not in settled)
+        listed = ", ".join(str(int(smuid)) for smuid in sorted(offers))
+        released = pa.table(QueryBuilder().register("deliveries", table).execute(
+            f"SELECT account, smuid FROM deliveries WHERE status = 'released' AND smuid IN ({listed})"))
+        handed_on = set(zip(released.column("account").to_pylist(), released.column("smuid").to_pylist()))
+        handed_on |= {key for key, status in settled.items() if status == "released"}
+        gone = frozenset(str(e.get("account")) for e in _events(records, "nack") if e.get("reason") == "disconnect")
+        holdings = dispatch.Holdings(in_flight, frozenset(handed_on), gone)
+        limit = self.topic_settings.resolve
+        return dispatch.assign(offers.values(), self._subscribers(out["subscriptions"]), holdings,
+                               lambda topic: limit(topic).max_in_flight)
+
+    def _subscribers(self, changed: pa.Table) -> list[dispatch.Subscriber]:
+        """The active subscriptions at the end of the batch: the stored ones, as this batch left them."""
+        rows = {(r["account"], r["pattern"]): r for r in self.active_subscriptions().to_pylist()}
+        rows.update({(r["account"], r["pattern"]): r for r in changed.to_pylist()})
+        return [dispatch.Subscriber(r["account"], r["pattern"], _micros(r["since"]), _micros(r["until"]))
+                for r in rows.values() if r["active"]]
 
     # -- the batch
 
@@ -699,7 +916,9 @@ WHERE {alive}({matches})
             # Only the clock moved and nothing expires: no Spark job, no commit; just the progress.
             self._flush(self._progress({str(r["partition"]): r["end"] for r in _progress(records)}))
             return
-        out = self.outputs(batch_df, batch_id, datetime.now(timezone.utc), records)
+        routed_at = datetime.now(timezone.utc)
+        out = self.outputs(batch_df, batch_id, routed_at, records)
+        self.limit_in_flight(out, records, batch_id, routed_at)
         computed = time.monotonic()
         progress = out["progress"].to_pylist()
         if not progress:
@@ -754,8 +973,10 @@ WHERE {alive}({matches})
         self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
         deliveries = out["deliveries"]
         nobody = pc.equal(deliveries.column("account"), "")
-        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
         self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
+        # after deliveries: a replay that finds this batch's deliveries committed takes DELIVERY ONE's
+        # holders from them (:meth:`limit_in_flight`) and still owes the waiting rows that go with them
+        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
         self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
         self._commit_subscriptions(out["subscriptions"], batch_id)
 
@@ -787,7 +1008,7 @@ WHERE {alive}({matches})
             )
             .when_matched_update(
                 updates={"status": "s.status"},
-                predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted')",
+                predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted', 'waiting')",
             )
             .when_matched_update(
                 updates={"status": "s.status", "retries": "s.retries"},
@@ -801,9 +1022,13 @@ WHERE {alive}({matches})
                 updates={"status": "s.status"},
                 predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
             )
-            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed
+            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed;
+                updates={"status": "s.status"},  # a ``waiting`` one: a subscriber had room for it
+                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')",
+            )
+            .when_matched_update(  # a DELIVERY ONE message handed on, and nobody has room for it now
                 updates={"status": "s.status"},
-                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status = 'unrouted'",
+                predicate="s.is_new AND s.status = 'waiting' AND t.status IN ('unrouted', 'routed')",
             )
             .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
                 updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",

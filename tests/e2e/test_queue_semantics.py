@@ -161,6 +161,43 @@ def test_receipt_all_and_an_x_of_y_receipt_at_expiry_reach_the_publishers_accoun
         (both, "all", 2, 2), (half, "all", 1, 2)]
 
 
+@pytest.mark.timeout(300)
+def test_delivery_one_in_flight_limit_sends_the_work_past_a_subscriber_holding_its_share(broker, spark, tmp_path):
+    """XEP-0254 queue_requests / OpenQueue's transaction size: a subscriber that acknowledges nothing
+    holds at most ``max_in_flight`` messages; the rest go to the one that works, instead of waiting
+    behind the stalled one (its retry timeout is far beyond the test)."""
+    config = stack_config(broker, tmp_path, accounts=hashed(stalled="s", worker="w", pub="p"),
+                          topics={"/q/jobs": {"delivery": "one", "max_in_flight": 2, "retry_timeout_s": 600}})
+    total = 12
+
+    async def scenario(address):
+        await create_smqp_topics(address, "/q/jobs")
+        async with await SMQPClient.open(*address, "stalled", "s") as stalled, \
+                await SMQPClient.open(*address, "worker", "w") as worker:
+            await stalled.subscribe("/q/jobs")  # reads its NOTIFYs, never acknowledges one
+            await worker.subscribe("/q/jobs")
+            async with await SMQPClient.open(*address, "pub", "p") as pub:
+                published = [await pub.publish("/q/jobs", f"job {i}") for i in range(total)]
+            acked = []
+
+            async def work():
+                while len(acked) < total - 2:
+                    note = await worker.next_notification(60)
+                    await note.ack()
+                    acked.append(note.smuid)
+
+            await asyncio.wait_for(work(), 180)
+            rows = await asyncio.to_thread(  # while the stalled one is still logged in, holding its share
+                table_rows, config, "deliveries", lambda rows: sum(r["status"] == "acked" for r in rows) >= total - 2)
+            return published, acked, rows
+
+    with Router(spark, config), GatewayThread(config) as gateway:
+        published, acked, rows = asyncio.run(scenario(gateway.address))
+    held = sorted(r["smuid"] for r in rows if r["account"] == "stalled")
+    assert len(held) == 2 and all(r["status"] == "pending" for r in rows if r["account"] == "stalled")
+    assert sorted(acked + held) == sorted(published)  # the worker did all the rest, each once
+
+
 @pytest.mark.timeout(600)  # bounded, but a loaded 2-core machine runs it for minutes
 def test_three_delivery_one_subscribers_share_300_messages_each_acknowledged_once_one_killed_halfway(
         broker, spark, tmp_path):

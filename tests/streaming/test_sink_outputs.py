@@ -215,3 +215,78 @@ def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path)
         (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
     unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
     assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
+
+
+def run_limited(spark, sink, batch_id, commands, offset=0) -> dict:
+    """:func:`run_batch` with DELIVERY ONE's in-flight limit applied, as the sink's ``__call__`` does."""
+    rows = [(None, c.to_bytes(), "cmd", 0, offset + i, T0 + timedelta(milliseconds=offset + i), 0)
+            for i, c in enumerate(commands)]
+    frame = spark.createDataFrame(rows, KAFKA_RECORD)
+    out = sink.outputs(frame, batch_id, T0)
+    sink.limit_in_flight(out, frame.toArrow(), batch_id, T0)
+    sink.commit_outputs(out, batch_id)
+    return out
+
+
+def work_queue_sink(tmp_path, max_in_flight=2) -> CommandSink:
+    return CommandSink(load_config(env={}, data_dir=str(tmp_path),
+                                   topics={"/w": {"delivery": "one", "max_in_flight": max_in_flight}}))
+
+
+def jobs(smuids, expires_at=US0 + 60_000_000):
+    return [ev.Publish(s, "/w", f"c{s}", "alice", "gp", US0 + s, expires_at=expires_at, delivery="one")
+            for s in smuids]
+
+
+def table_rows(sink, name) -> list[tuple]:
+    rows = DeltaTable(sink.config.table_path(name)).to_pyarrow_table().to_pylist()
+    return sorted((r["account"], r["smuid"], r["status"]) for r in rows)
+
+
+def test_delivery_one_holds_each_subscriber_to_max_in_flight_and_the_rest_wait_for_room(spark, tmp_path):
+    """XEP-0254 queue_requests: at most ``max_in_flight`` unacknowledged per subscriber; an ACK frees a
+    slot for the oldest waiting message in the same batch; a waiting message expires into the Trash."""
+    sink = work_queue_sink(tmp_path)
+    first = run_limited(spark, sink, 0, [ev.Subscribe("ann", "ga", "/w", US0), ev.Subscribe("bob", "gb", "/w", US0)]
+                        + jobs(range(1, 7)))
+    held = delivered(first)
+    assert sorted(account for account, _ in held) == ["ann", "ann", "bob", "bob"]
+    assert sorted(smuid for _, smuid in held) == [1, 2, 3, 4]  # the oldest go first
+    assert table_rows(sink, "unrouted") == [("", 5, "waiting"), ("", 6, "waiting")]
+
+    ann_first = min(smuid for account, smuid in held if account == "ann")
+    second = run_limited(spark, sink, 1, [ev.Ack("ann", "ga", ann_first, US0 + 100)], offset=10)
+    assert delivered(second) == [("ann", 5)]  # ann's freed slot; bob is still full
+    assert table_rows(sink, "unrouted") == [("", 5, "routed"), ("", 6, "waiting")]
+    assert ("ann", 5, "pending") in table_rows(sink, "deliveries")
+
+    third = run_limited(spark, sink, 2, [ev.Tick(US0 + 61_000_000)], offset=20)
+    assert delivered(third) == []
+    dead = sorted(zip(third["trash"].column("smuid").to_pylist(), third["trash"].column("reason").to_pylist()))
+    assert dead == [(s, "expired") for s in range(1, 6) if s != ann_first] + [(6, "undeliverable")]  # it reached nobody
+    assert table_rows(sink, "unrouted") == [("", 5, "routed"), ("", 6, "expired")]
+
+
+def test_a_released_delivery_one_message_waits_for_room_and_a_replay_sends_what_was_recorded(spark, tmp_path):
+    """A subscriber that leaves hands its messages on, but only to one with room; a replayed batch whose
+    deliveries were committed sends the same Delivers as its first attempt (DESIGN Property 4)."""
+    sink = work_queue_sink(tmp_path, max_in_flight=1)
+    first = run_limited(spark, sink, 0, [ev.Subscribe("ann", "ga", "/w", US0), ev.Subscribe("bob", "gb", "/w", US0)]
+                        + jobs(range(1, 4)))
+    held = dict((smuid, account) for account, smuid in delivered(first))
+    assert sorted(held) == [1, 2] and sorted(held.values()) == ["ann", "bob"]
+    leaver = held[1]
+    stayer = held[2]
+    leaving = [ev.Nack(leaver, "g", 1, US0 + 100, max_retries=5, reason="disconnect"),
+               ev.Unsubscribe(leaver, "g", "/w", US0 + 101)]
+    second = run_limited(spark, sink, 1, leaving, offset=10)
+    assert delivered(second) == []  # the stayer holds its one already: 1 and 3 wait for it
+    assert table_rows(sink, "unrouted") == [("", 1, "waiting"), ("", 3, "waiting")]
+
+    ack = [ev.Ack(stayer, "g", 2, US0 + 200)]
+    third = run_limited(spark, sink, 2, ack, offset=20)
+    assert delivered(third) == [(stayer, 1)]  # the oldest waiting message
+    restarted = work_queue_sink(tmp_path, max_in_flight=1)  # the job restarted: the batch is replayed
+    assert delivered(run_limited(spark, restarted, 2, ack, offset=20)) == [(stayer, 1)]
+    assert (stayer, 1, "pending") in table_rows(sink, "deliveries")
+    assert table_rows(sink, "unrouted") == [("", 1, "routed"), ("", 3, "waiting")]
