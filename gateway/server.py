@@ -855,7 +855,7 @@ class Gateway:
                 connection.reader.feed_eof()
         await asyncio.sleep(0.2)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._connections_ended(), 5)
+            await asyncio.wait_for(self._connections_ended(), 3)
         await self._reset_presence()
         for tail in (self.tail, self.control):
             if tail:
@@ -876,7 +876,7 @@ class Gateway:
             return
         try:
             await asyncio.wait_for(self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(),
-                                                   immediate=True, partition=0), 5)
+                                                   immediate=True, partition=0), 2)
         except Exception as error:  # noqa: BLE001 - stopping anyway
             log.warning("could not announce this node's logins as ended: %s", error)
 
