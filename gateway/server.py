@@ -67,7 +67,7 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Sync
+from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -567,7 +567,7 @@ class Gateway:
         # (set at the end of start): a half-read map would make every account look logged out
         self.handing_on = False
         # per account logged in nowhere, the smuids this gateway NACKed away from it: once each
-        self.handed_on: dict[str, set[int]] = defaultdict(set)
+        self.handed_on: dict[str, set[int]] = defaultdict(set)  # (an account's entry goes once empty)
         self.stopping = False
         self.connections: set[Connection] = set()
         self.log: DurableLog | None = None
@@ -689,6 +689,9 @@ class Gateway:
                     self._announce(change)
             for moved in self.presence.apply(event):
                 self._presence_changed(moved)
+            if isinstance(event, Subscribe) and self.sessions.get(event.account):
+                # a login here subscribed: it may take what is locked to accounts logged in nowhere
+                self._hand_on_locked(self.book.accounts(), takers=[event.account])
         applied = self.registry.applied
         waiting = []
         for offset, future in self._fold_waiters:
@@ -748,7 +751,7 @@ class Gateway:
                     connection.queue.push(deliver)
                     connection.send_next()
             elif isinstance(event, Acked):
-                self.handed_on.get(event.account, set()).discard(event.smuid)
+                self._settled_hand_on(event.account, event.smuid)
                 if event.reason != "acked":
                     for connection in self.sessions.get(event.account, ()):
                         connection.withdraw(event.smuid)
@@ -767,13 +770,20 @@ class Gateway:
         message to, not a retry counted against it; several such gateways NACKing the same
         delivery is harmless (the second NACK finds it released).  Once per delivery per gateway,
         until the account logs in again or the delivery is settled."""
-        done = self.handed_on[deliver.account]
-        if not self.handing_on or deliver.smuid in done:
+        if not self.handing_on or deliver.smuid in self.handed_on.get(deliver.account, ()):
             return
-        takers = [a for a, connections in self.sessions.items() if connections] if takers is None else takers
+        takers = list(self.sessions) if takers is None else takers
         if any(a != deliver.account and self.registry.admits(a, deliver.topic, deliver.accepted_at) for a in takers):
-            done.add(deliver.smuid)
+            self.handed_on[deliver.account].add(deliver.smuid)
             self.nack(deliver.account, "", deliver, reason="disconnect")
+
+    def _settled_hand_on(self, account: str, smuid: int) -> None:
+        """The job settled (released, acknowledged, expired) ``account``'s delivery of ``smuid``."""
+        done = self.handed_on.get(account)
+        if done is not None:
+            done.discard(smuid)
+            if not done:
+                del self.handed_on[account]
 
     def _hand_on_locked(self, accounts, takers: list[str] | None = None) -> None:
         """Hand on what is locked to each of ``accounts`` that is logged in nowhere."""

@@ -61,7 +61,7 @@ def farm(broker, tmp_path):
     """A gateway (node 1) where bob is logged in and subscribed to /q/jobs; ann and cat subscribed
     to it too, then logged out before the gateway restarted; a producer writing as the job and as
     the farm's other gateways."""
-    config = stack_config(broker, tmp_path, accounts=hashed(ann="a", bob="b", cat="c"), node_id=1)
+    config = stack_config(broker, tmp_path, accounts=hashed(ann="a", bob="b", cat="c", dan="d"), node_id=1)
     producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
 
     def write(topic: str, *events, partition: int | None = None) -> None:
@@ -137,3 +137,24 @@ def test_a_login_here_takes_over_what_is_locked_to_an_account_logged_in_nowhere(
     finally:
         gateway.call(cat.close())
 
+
+
+def test_a_login_here_that_subscribes_takes_over_what_is_locked_to_an_account_logged_in_nowhere(farm):
+    """dan is logged in but not subscribed when ann's message arrives (bob gone): it waits; once
+    dan subscribes to its topic, it is handed on."""
+    config, gateway, write, bob = farm
+    gateway.call(bob.close())
+    dan = gateway.call(SMQPClient.open(*gateway.address, "dan", "d"))
+    try:
+        deadline = time.monotonic() + 10
+        while gateway.gateway.sessions.get("bob"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        write(config.kafka.deliveries_topic, deliver("ann", 501))
+        time.sleep(1.5)  # read, and nobody here could take it
+        assert handed_on(config, "ann", 501) == []
+        gateway.call(dan.subscribe("/q/jobs"))
+        [nack] = wait_for_nack(config, "ann", 501)
+        assert nack.reason == "disconnect"
+    finally:
+        gateway.call(dan.close())
