@@ -159,6 +159,10 @@ class DeliveryBook:
         """The DELIVERY ONE messages locked to ``account`` and not acknowledged yet."""
         return [d for d in self._pending.get(account, {}).values() if d.delivery == "one"]
 
+    def accounts(self) -> list[str]:
+        """The accounts with deliveries pending."""
+        return [account for account, pending in self._pending.items() if pending]
+
     def pending_count(self, account: str) -> int:
         return len(self._pending.get(account, ()))
 

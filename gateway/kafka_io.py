@@ -21,6 +21,7 @@ import time
 from typing import Callable, Iterable
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from schemas.config import KafkaConfig
 from schemas.events import Ack, decode
@@ -86,8 +87,14 @@ class DurableLog:
         return result
 
     def close(self) -> None:
+        """Close both producers, waiting a few seconds for what they still hold.  With Kafka
+        unreachable that is dropped (its callers were told it is not durable, or it was best
+        effort: a presence announcement), rather than failing the gateway's stop."""
         for producer in (self._batching, self._immediate):
-            producer.close(timeout=5)
+            try:
+                producer.close(timeout=5)
+            except KafkaTimeoutError:
+                log.warning("Kafka unreachable at close: records not yet appended are dropped")
 
 
 def _assign_all(consumer: KafkaConsumer, topic: str, timeout: float = 10.0) -> list[TopicPartition]:

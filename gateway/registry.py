@@ -352,6 +352,14 @@ class Registry:
                 count += 1
         return count
 
+    def admits(self, account: str, topic: str, accepted_at: int) -> bool:
+        """Whether ``account`` could be handed a DELIVERY ONE message of ``topic`` accepted at
+        ``accepted_at`` (microseconds): a subscription of its covers the topic and its SINCE/UNTIL
+        admit the message — the subscribers the job picks from when it hands one on."""
+        return any(parse_pattern(s.pattern).matches(topic)
+                   and (s.since is None or s.since <= accepted_at) and (s.until is None or accepted_at < s.until)
+                   for s in self.subscriptions.get(account, {}).values())
+
     def account_subscriptions(self, account: str) -> list[Subscription]:
         return sorted(self.subscriptions.get(account, {}).values(), key=lambda s: s.pattern)
 

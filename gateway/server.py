@@ -18,6 +18,11 @@ server's ``310 ACK`` (spec 4.1.11.1) — or, after the client's SET NOTIFY
 WINDOW <n> (our extension), up to n in flight, each with its own retry
 timeout.  NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT come from the registry
 fold, to the logins connected here.
+
+DELIVERY ONE messages routed to an account logged in at no gateway are handed
+on (NACKed, reason ``disconnect``) by the gateways where a login that could
+take them is connected, from a farm-wide presence map every gateway folds
+from partition 0 (:mod:`gateway.presence`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from gateway.ids import SmuidFactory, new_guid
 from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
+from gateway.presence import Arrived, Left, PresenceMap
 from gateway.protocol import (
     Close,
     ConnectNotify,
@@ -61,7 +67,7 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import Ack, Acked, Deliver, Nack, Sync
+from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -555,9 +561,14 @@ class Gateway:
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
-        # accounts whose last login here ended (until they log in here again): DELIVERY ONE
-        # messages routed to them are NACKed at once, so the job offers them to someone present
-        self.departed: set[str] = set()
+        # farm-wide: the gateway nodes each account is logged in at, folded from partition 0
+        self.presence = PresenceMap()
+        # DELIVERY ONE messages are handed on only once the book and the presence map are complete
+        # (set at the end of start): a half-read map would make every account look logged out
+        self.handing_on = False
+        # per account logged in nowhere, the smuids this gateway NACKed away from it: once each
+        self.handed_on: dict[str, set[int]] = defaultdict(set)  # (an account's entry goes once empty)
+        self.stopping = False
         self.connections: set[Connection] = set()
         self.log: DurableLog | None = None
         self.tail: DeliveriesTail | None = None
@@ -607,15 +618,25 @@ class Gateway:
         return None if logins < self.config.gateway.max_logins else self.config.gateway.redirect_to
 
     async def start(self) -> None:
+        """Fold partition 0 and read the deliveries topic, then listen.
+
+        This node's previous incarnation's logins are gone, even after a crash: a ``NodeReset``
+        says so before anything is folded.  Nothing is handed on while the book and the presence
+        map are being read: only once both are complete (the fold past that reset) does
+        ``handing_on`` start; no login is connected here before that, so nothing is missed."""
         loop = asyncio.get_running_loop()
         self.log = await asyncio.to_thread(DurableLog, self.config.kafka)
+        reset = await self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(), immediate=True,
+                                      partition=0)
         self.control = ControlTail(self.config.kafka, loop, self._on_control)
         self.control.start()
         self.tail = DeliveriesTail(self.config.kafka, loop, self._on_deliveries)
         self.tail.start()
         await asyncio.wait_for(asyncio.gather(self.tail.ready.wait(), self.control.ready.wait()), 60)
+        await self.folded(reset.offset)
         for ack in await asyncio.to_thread(read_acks_since, self.config.kafka, dict(self.book.commands_offsets)):
             self.book.acknowledged(ack.account, ack.smuid)
+        self.handing_on = True
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
                                                  limit=self.config.gateway.max_line_bytes * 2)
         log.info("SMQP gateway listening on %s", self.address)
@@ -666,6 +687,11 @@ class Gateway:
             if live:
                 for change in changes:
                     self._announce(change)
+            for moved in self.presence.apply(event):
+                self._presence_changed(moved)
+            if isinstance(event, Subscribe) and self.sessions.get(event.account):
+                # a login here subscribed: it may take what is locked to accounts logged in nowhere
+                self._hand_on_locked(self.book.accounts(), takers=[event.account])
         applied = self.registry.applied
         waiting = []
         for offset, future in self._fold_waiters:
@@ -717,16 +743,75 @@ class Gateway:
     def _on_deliveries(self, events: list) -> None:
         for event in events:
             deliver = self.book.apply(event)
-            if deliver is not None and deliver.delivery == "one" and deliver.account in self.departed:
-                # routed to a subscriber whose last login here has ended: let the job hand it on
-                self.nack(deliver.account, "", deliver, reason="disconnect")
+            if deliver is not None and deliver.delivery == "one" and not self.logged_in_anywhere(deliver.account):
+                # routed to a subscriber logged in at no gateway: hand it on if someone here can take it
+                self._hand_on(deliver)
             elif deliver is not None:
                 for connection in self.sessions.get(deliver.account, ()):
                     connection.queue.push(deliver)
                     connection.send_next()
-            elif isinstance(event, Acked) and event.reason != "acked":
-                for connection in self.sessions.get(event.account, ()):
-                    connection.withdraw(event.smuid)
+            elif isinstance(event, Acked):
+                self._settled_hand_on(event.account, event.smuid)
+                if event.reason != "acked":
+                    for connection in self.sessions.get(event.account, ()):
+                        connection.withdraw(event.smuid)
+
+    # -- farm-wide presence: handing DELIVERY ONE messages on from accounts logged in nowhere
+
+    def logged_in_anywhere(self, account: str) -> bool:
+        """Logged in here (known at once), or at another gateway (as far as the fold has got)."""
+        return bool(self.sessions.get(account)) or self.presence.present(account)
+
+    def _hand_on(self, deliver: Deliver, takers: list[str] | None = None) -> None:
+        """NACK (``disconnect``) ``deliver``, locked to an account logged in nowhere, when one of
+        ``takers`` (default: every account logged in here) could be handed it.
+
+        Only a gateway with such a login NACKs, so a NACK finds someone online to release the
+        message to, not a retry counted against it; several such gateways NACKing the same
+        delivery is harmless (the second NACK finds it released).  Once per delivery per gateway,
+        until the account logs in again or the delivery is settled."""
+        if not self.handing_on or deliver.smuid in self.handed_on.get(deliver.account, ()):
+            return
+        takers = list(self.sessions) if takers is None else takers
+        if any(a != deliver.account and self.registry.admits(a, deliver.topic, deliver.accepted_at) for a in takers):
+            self.handed_on[deliver.account].add(deliver.smuid)
+            self.nack(deliver.account, "", deliver, reason="disconnect")
+
+    def _settled_hand_on(self, account: str, smuid: int) -> None:
+        """The job settled (released, acknowledged, expired) ``account``'s delivery of ``smuid``."""
+        done = self.handed_on.get(account)
+        if done is not None:
+            done.discard(smuid)
+            if not done:
+                del self.handed_on[account]
+
+    def _hand_on_locked(self, accounts, takers: list[str] | None = None) -> None:
+        """Hand on what is locked to each of ``accounts`` that is logged in nowhere."""
+        for account in accounts:
+            if not self.logged_in_anywhere(account):
+                for deliver in self.book.locked_to(account):
+                    self._hand_on(deliver, takers)
+
+    def _presence_changed(self, change) -> None:
+        if isinstance(change, Left):  # its last login anywhere ended: unlock what it held
+            self._hand_on_locked([change.account])
+        elif isinstance(change, Arrived):  # it is back: what it holds is its own again
+            self.handed_on.pop(change.account, None)
+
+    def _announce_presence(self, account: str) -> None:
+        """Append whether ``account`` is logged in here *now* to partition 0 for every gateway's
+        presence map.  A failed append is tried again a second later, with the state of then:
+        each announcement says the whole truth, so a repeat or a late one does no harm."""
+        if self.stopping:
+            return
+        event = Presence(node=self.config.gateway.node_id, account=account, present=bool(self.sessions.get(account)))
+        future = self.log.append(b"", event.to_bytes(), immediate=True, partition=0)
+
+        def settled(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.warning("presence of %s not appended (%s): trying again", account, done.exception())
+                asyncio.get_running_loop().call_later(1, self._announce_presence, account)
+        future.add_done_callback(settled)
 
     def nack(self, account: str, guid: str, deliver: Deliver, reason: str = "timeout") -> None:
         """Append a NACK of ``deliver`` (its NOTIFY went unacknowledged, or its subscriber left)
@@ -741,23 +826,29 @@ class Gateway:
             "NACK of %s for %s not appended: %s", deliver.smuid, account, done.exception()))
 
     def register(self, connection: Connection) -> None:
+        """A login started.  The account's first one here is announced to the farm, and what is
+        locked to accounts logged in nowhere that it could take is handed on."""
         account = connection.session.account
         connection.queue = self.book.queue_for_login(account)
+        first = not self.sessions.get(account)
         self.sessions[account].append(connection)
-        self.departed.discard(account)
+        if first:
+            self._announce_presence(account)
+            self.handed_on.pop(account, None)
+            self._hand_on_locked(self.book.accounts(), takers=[account])
         connection.send_next()
 
     def unregister(self, connection: Connection) -> None:
-        """A login ended; whatever it left unacknowledged stays pending for the account, except
-        DELIVERY ONE messages when it was the account's last login here: they are NACKed, so the
-        job offers them to another subscriber (XEP-0254: unlocked on disconnect)."""
+        """A login ended; whatever it left unacknowledged stays pending for the account.  Its last
+        one here is announced to the farm; once every gateway has folded that the account is logged
+        in nowhere, the DELIVERY ONE messages locked to it are handed on by the gateways where
+        someone who could take them is logged in (XEP-0254: unlocked on disconnect)."""
         account = connection.session.account
         if account and connection in self.sessions.get(account, ()):
             self.sessions[account].remove(connection)
             if not self.sessions[account]:
-                self.departed.add(account)
-                for deliver in self.book.locked_to(account):
-                    self.nack(account, connection.session.guid, deliver, reason="disconnect")
+                del self.sessions[account]
+                self._announce_presence(account)
 
     async def close(self) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""
@@ -773,11 +864,31 @@ class Gateway:
                 connection.outbox.put_nowait(None)
                 connection.reader.feed_eof()
         await asyncio.sleep(0.2)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._connections_ended(), 3)
+        await self._reset_presence()
         for tail in (self.tail, self.control):
             if tail:
                 tail.stop()
         if self.log:
             await asyncio.to_thread(self.log.close)
+
+    async def _connections_ended(self) -> None:
+        while self.connections:
+            await asyncio.sleep(0.05)
+
+    async def _reset_presence(self) -> None:
+        """A clean stop: tell the farm nobody is logged in here any more (each ended login has
+        said so too; this covers one whose announcement is still being retried).  Bounded: with
+        Kafka unreachable the other gateways keep this node's logins until it starts again."""
+        self.stopping = True
+        if not self.log:
+            return
+        try:
+            await asyncio.wait_for(self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(),
+                                                   immediate=True, partition=0), 2)
+        except Exception as error:  # noqa: BLE001 - stopping anyway
+            log.warning("could not announce this node's logins as ended: %s", error)
 
 
 async def serve(config: SMQPConfig, ready: asyncio.Event | None = None) -> None:

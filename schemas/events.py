@@ -6,8 +6,9 @@ which the job routes, and the control events the gateways' topic registry
 folds (:class:`CreateTopic`, :class:`RemoveTopic`, :class:`RenameTopic`,
 :class:`SetTopicKeywords`, :class:`SetLogin`, :class:`Watch`,
 :class:`Unwatch`, :class:`SetServerTimeout`, :class:`Sync`), which the job
-ignores, and the job's own :class:`Tick` (its clock), which the gateways
-ignore.  Every event that changes the registry (and ``Sync``) goes to
+ignores, the gateways' farm-wide presence (:class:`Presence`, :class:`NodeReset`),
+which the job ignores too, and the job's own :class:`Tick` (its clock), which the
+gateways ignore.  Every event that changes the registry (and ``Sync``) goes to
 partition 0, so all gateways fold them in one order.
 ``smqp.deliveries`` (written by the job, tailed by gateways) carries
 :class:`Deliver`, :class:`Acked` and :class:`Progress`.
@@ -261,6 +262,30 @@ class Sync(_Event):
 
 
 @dataclass
+class Presence(_Event):
+    """Gateway ``node`` has ``account`` logged in (``present``: its first login there started) or no
+    longer (its last login there ended).
+
+    Every gateway folds these into one farm-wide map (``gateway.presence``), so a DELIVERY ONE
+    message routed to an account logged in nowhere is handed on to a subscriber who is logged in.
+    No ``accepted_at``: the job's clock is read from that field, and it ignores these events."""
+
+    TYPE: ClassVar[str] = "presence"
+    node: int  # the gateway's node_id
+    account: str
+    present: bool
+
+
+@dataclass
+class NodeReset(_Event):
+    """Gateway ``node`` has nobody logged in: appended when it starts (its previous incarnation's
+    logins are gone, even after a crash) and when it stops cleanly."""
+
+    TYPE: ClassVar[str] = "node_reset"
+    node: int
+
+
+@dataclass
 class Tick(_Event):
     """The streaming job's clock (commands partition 0, every ``streaming.tick_interval_s``).
 
@@ -318,13 +343,13 @@ class Progress(_Event):
 EVENT_TYPES: dict[str, type[_Event]] = {
     cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, CreateTopic, RemoveTopic, RenameTopic,
                               SetTopicKeywords, SetTopicDelivery, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
-                              Tick, Deliver, Acked, Progress)
+                              Presence, NodeReset, Tick, Deliver, Acked, Progress)
 }
 
-#: Events the gateways' registry folds; they travel on commands partition 0.
+#: Events the gateways fold (registry and presence); they travel on commands partition 0.
 CONTROL_TYPES = frozenset({Subscribe, Unsubscribe, CreateTopic, RemoveTopic, RenameTopic, SetTopicKeywords,
                            SetTopicDelivery,
-                           SetLogin, Watch, Unwatch, SetServerTimeout, Sync})
+                           SetLogin, Watch, Unwatch, SetServerTimeout, Sync, Presence, NodeReset})
 
 
 def decode(raw: bytes | str) -> _Event:
