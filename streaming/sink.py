@@ -43,7 +43,7 @@ from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, Lo
                                StructType)
 
 from schemas.config import SMQPConfig
-from schemas.events import Deliver, Section
+from schemas.events import Ack, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
 from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
@@ -232,9 +232,6 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
             + "\n" + "\nUNION ALL\n".join(parts))
 
 
-_TICK = b'{"type":"tick"'
-
-
 def batch_now(records: pa.Table) -> int | None:
     """The batch's clock (microseconds): the largest tick ``at`` or ``accepted_at`` among the
     Kafka records ``records`` (their ``value`` column), None when none has one.
@@ -339,10 +336,16 @@ def acked_smuids(records: pa.Table) -> list[int]:
     return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
 
 
-def _only_ticks(records: pa.Table) -> bool:
-    """True when every record of the batch is a tick (nothing to route, only the clock moved)."""
-    values = records.column("value")
-    return bool(records.num_rows) and pc.all(pc.starts_with(pc.cast(values, pa.string()), _TICK.decode())).as_py()
+#: The event types the routing query acts on; the other control events (topic registry, logins,
+#: presence) are the gateways' alone.
+_ROUTED_TYPES = "|".join(sorted(cls.TYPE for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, RemoveTopic)))
+
+
+def _nothing_to_route(records: pa.Table) -> bool:
+    """True when no record of the batch is an event the job routes: only the clock moved (ticks), or
+    only the gateways' control events came (a login's presence, a topic created …)."""
+    values = pc.cast(records.column("value"), pa.string())
+    return bool(records.num_rows) and not pc.any(pc.match_substring_regex(values, _of_type(f"({_ROUTED_TYPES})"))).as_py()
 
 
 def _progress(records: pa.Table) -> list[dict]:
@@ -912,8 +915,8 @@ WHERE {alive}({matches})
             return
         records = batch_df.toArrow()
         self.sweep_trash(batch_now(records))  # retention, here: the one thread that writes the trash table
-        if _only_ticks(records) and not self.expiry_candidates(batch_now(records)).num_rows:
-            # Only the clock moved and nothing expires: no Spark job, no commit; just the progress.
+        if _nothing_to_route(records) and not self.expiry_candidates(batch_now(records)).num_rows:
+            # Nothing to route and nothing expires: no Spark job, no commit; just the progress.
             self._flush(self._progress({str(r["partition"]): r["end"] for r in _progress(records)}))
             return
         routed_at = datetime.now(timezone.utc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pyarrow as pa
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
@@ -11,7 +12,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming import routing
-from streaming.sink import OUTPUTS, CommandSink, batch_now, decode_records
+from streaming.sink import OUTPUTS, CommandSink, _nothing_to_route, batch_now, decode_records
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -290,3 +291,16 @@ def test_a_released_delivery_one_message_waits_for_room_and_a_replay_sends_what_
     assert delivered(run_limited(spark, restarted, 2, ack, offset=20)) == [(stayer, 1)]
     assert (stayer, 1, "pending") in table_rows(sink, "deliveries")
     assert table_rows(sink, "unrouted") == [("", 1, "routed"), ("", 3, "waiting")]
+
+
+def test_a_batch_of_only_ticks_and_gateway_control_events_has_nothing_to_route():
+    """Logins' presence and topic registry events are the gateways' alone: a batch of only those (and
+    the clock) runs no routing query; one that also holds a routed event (REMOVE TOPIC too) does."""
+    def records(*events):
+        return pa.table({"value": [e.to_bytes() for e in events]})
+
+    control = [ev.Tick(US0), ev.Presence(1, "ann", True), ev.NodeReset(2), ev.CreateTopic("r", "ann", "/t", US0)]
+    assert _nothing_to_route(records(*control))
+    assert not _nothing_to_route(records(*control, ev.RemoveTopic("r", "ann", "/t", US0)))
+    assert not _nothing_to_route(records(*control, ev.Ack("bob", "gb", 1, US0)))
+    assert not _nothing_to_route(records(ev.Publish(1, "/t", "c1", "alice", "gp", US0)))
