@@ -161,19 +161,22 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
     stored candidates or a publish of the batch may precede the SUBSCRIBE); ``clearing``: one
     of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
-    relation ``{clearable}``, :meth:`CommandSink.clearable`); ``removing``: a REMOVE TOPIC left
+    relation ``{clearable}``, :meth:`CommandSink.clearable`), and what the batch routed to that
+    subscriber before it (:func:`routing.withheld`); ``removing``: a REMOVE TOPIC left
     messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned`).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
     source = ", ".join(_STORED_COLUMNS)
+    routed = "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else "")
     ctes = {
         "events": routing.valid_events_sql("{decoded}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
         "routed_all": routing.route_all_sql("events", "intervals", one),
         "late": (routing.late_sql("events", "intervals", "{late_stored}", "{late_held}", "routed_all", now) if late
                  else _empty(routing.DELIVERIES)),
-        "routed": "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else ""),
+        "routed": (routing.withheld_sql("events", f"({routed})", cleared=False) if clearing else routed),
+        "withheld": routing.withheld_sql("events", f"({routed})") if clearing else _empty(routing.DELIVERIES),
         "acks": routing.extract_acks_sql("events"),
         "unrouted": (f"SELECT * FROM ({routing.unrouted_of_sql('routed_all')}) "
                      "WHERE smuid NOT IN (SELECT smuid FROM late)" if late else routing.unrouted_of_sql("routed_all")),
@@ -215,7 +218,7 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
                                                        "unrouted", "expiring", "retried", "released", "nobody",
-                                                       "cleared"),
+                                                       "cleared", "withheld" if clearing else None),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -650,14 +653,16 @@ WHERE {alive}({matches})
                                              | set(orphaned.column("smuid").to_pylist())))
         subscribed = subscribes(arrow_records)
         late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
-        clearable = self.clearable(deliveries, [a for a, _, since in subscribed if since])
+        sinced = [a for a, _, since in subscribed if since]
+        clearable = self.clearable(deliveries, sinced)
         # The records decoded once, here: every branch of the query would otherwise re-read the source.
         frames = {"decoded": spark.createDataFrame(decode_records(arrow_records), schema=routing.EVENTS),
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
+        late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
         sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
-                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records),
-                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
+                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records), late,
+                        clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
                         orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, _STORED),

@@ -215,3 +215,19 @@ def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path)
         (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
     unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
     assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
+
+
+def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(spark, tmp_path):
+    """A publish routed to bob earlier in the batch than bob's re-SUBSCRIBE with a later SINCE is
+    never sent to bob: its delivery row is ``cleared`` (a later one still goes out)."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0)])
+    out = run_batch(spark, sink, 1, [ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),
+                                     ev.Subscribe("bob", "gb", "/t/*", US0 + 5, since=US0 + 2),
+                                     ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 6)], offset=10)
+    assert delivered(out) == [("bob", 2)]
+    rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
+    # the next SUBSCRIBE of bob's (a new pattern) does not bring it back
+    again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/x", US0 + 7)], offset=20)
+    assert delivered(again) == []
