@@ -118,6 +118,16 @@ def has_delivery_one(records: pa.Table) -> bool:
     return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _ONE.pattern)).as_py()
 
 
+_RECEIPT = re.compile(r'"receipt"\s*:\s*"(?i:one|all)"')
+
+
+def asks_for_receipt(records: pa.Table) -> bool:
+    """Whether a record of the batch may be a publish asking for a receipt (RECEIPT ONE / ALL; a cheap
+    over-approximation: a false positive only keeps the receipt steps in the plan)."""
+    values = pc.cast(records.column("value"), pa.string())
+    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _RECEIPT.pattern)).as_py()
+
+
 def _ddl(kind: DataType) -> str:
     """``kind`` as a SQL type with every nested field nullable (field names quoted)."""
     if isinstance(kind, StructType):
@@ -660,8 +670,10 @@ WHERE {alive}({matches})
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
-        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
-                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records), late,
+        # a publish of the batch that reached nobody and expires at once is owed its 0/0 receipt now
+        receipts = state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
+        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0, receipts,
+                        has_delivery_one(arrow_records), late,
                         clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
                         orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),

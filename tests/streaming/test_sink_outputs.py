@@ -231,3 +231,19 @@ def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(sp
     # the next SUBSCRIBE of bob's (a new pattern) does not bring it back
     again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/x", US0 + 7)], offset=20)
     assert delivered(again) == []
+
+
+def test_a_message_that_reached_nobody_and_expires_in_its_own_batch_gets_a_0_of_0_receipt(spark, tmp_path):
+    """RECEIPT ONE / ALL with nobody subscribed, already expired by the batch's clock: ``0/0`` goes
+    to the publisher's account topic at once, as it would from a later batch."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    out = run_batch(spark, sink, 0, [
+        ev.Publish(1, "/u", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 5, receipt="all"),
+        ev.Publish(2, "/u", "c2", "alice", "ga", US0 + 2, expires_at=US0 + 5),  # asked for none
+        ev.Tick(US0 + 10)])
+    assert [(r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in out["receipts"].to_pylist()] == [
+        (1, "all", 0, 0)]
+    receipts = [ev.decode(v) for v in out["deliver"].column("value").to_pylist()]
+    assert [(d.account, d.topic, dict(d.headers)["Delivered"]) for d in receipts] == [
+        ("alice", "/accounts/alice", "0/0")]
+    assert sorted(out["trash"].column("smuid").to_pylist()) == [1, 2]
