@@ -753,10 +753,11 @@ def _trashed_at(now: int | None) -> str:
 ORPHANED = StructType([StructField("smuid", LongType(), True)])
 
 
-def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None) -> str:
-    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried`` and ``orphaned``
-    (none when None)."""
+def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None, routed: str | None = None) -> str:
+    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried``, ``orphaned`` and
+    ``routed`` (none when None)."""
     orphaned = orphaned or empty_sql(ORPHANED)
+    held = f" AND smuid NOT IN (SELECT smuid FROM {routed})" if routed else ""
     return f"""SELECT smuid, '' AS account,
        CASE WHEN bool_and(account = '') THEN 'undeliverable' ELSE 'expired' END AS reason
 FROM {expiring} GROUP BY smuid
@@ -764,10 +765,11 @@ UNION ALL
 SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead
 UNION ALL
 SELECT DISTINCT smuid, '' AS account, 'topic_removed' AS reason FROM {orphaned}
-WHERE smuid NOT IN (SELECT smuid FROM {expiring})"""
+WHERE smuid NOT IN (SELECT smuid FROM {expiring}){held}"""
 
 
-def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None) -> DataFrame:
+def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None,
+                  routed: DataFrame | None = None) -> DataFrame:
     """What goes to the Trash in this batch → :data:`DEAD`.
 
     A message with an :func:`expiring` delivery goes once, as a whole
@@ -775,14 +777,17 @@ def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame |
     else ``expired``.  A delivery that used up its retries (:func:`retried`,
     ``dead``) goes for that subscriber: reason ``max_retries``.  A message of a
     topic removed in this batch that nobody holds any more (``orphaned``,
-    :data:`ORPHANED`: kept only for late subscribers, or unrouted) goes as a
-    whole: reason ``topic_removed`` (unless it expires now: ``expired`` wins).
+    :data:`ORPHANED`: stored ones kept only for late subscribers, or unrouted,
+    and the batch's own publishes before the removal) goes as a whole: reason
+    ``topic_removed`` (unless it expires now: ``expired`` wins), unless this
+    batch routes it to somebody (``routed``, :data:`DELIVERIES`): its pending
+    deliveries still go out.
     """
     frames = {"expiring": expiring, "retried": retried}
-    if orphaned is not None:
-        frames["orphaned"] = orphaned
-    return run_sql(dead_messages_sql("{expiring}", "{retried}", "{orphaned}" if orphaned is not None else None),
-                   frames)
+    optional = {"orphaned": orphaned, "routed": routed}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
+    return run_sql(dead_messages_sql("{expiring}", "{retried}", *("{%s}" % name if frame is not None else None
+                                                                  for name, frame in optional.items())), frames)
 
 
 def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:

@@ -173,7 +173,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
     relation ``{clearable}``, :meth:`CommandSink.clearable`), and what the batch routed to that
     subscriber before it (:func:`routing.withheld`); ``removing``: a REMOVE TOPIC left
-    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned`).  A smaller plan is
+    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned` and
+    :func:`published_before_removal`; those the batch routes to somebody stay).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
@@ -203,7 +204,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                     else _empty(routing.RETRIED)),
         "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
                     if clearing else _empty(routing.CLEARED)),
-        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None),
+        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None,
+                                          "routed" if removing else None),
         "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
                    else _empty(routing.NOBODY_UPDATES))
                   + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
@@ -227,7 +229,10 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried", "released", "nobody",
+                                                       # a publish of the batch trashed at once keeps no row
+                                                       "(SELECT * FROM unrouted WHERE smuid NOT IN (SELECT smuid "
+                                                       "FROM dead WHERE reason = 'topic_removed'))" if removing
+                                                       else "unrouted", "expiring", "retried", "released", "nobody",
                                                        "cleared", "withheld" if clearing else None),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
@@ -291,15 +296,24 @@ def _is(records: pa.Table, type_: str) -> pa.ChunkedArray:
     return pc.match_substring_regex(pc.cast(records.column("value"), pa.string()), _of_type(type_))
 
 
-def _events(records: pa.Table, type_: str) -> list[dict]:
-    """The batch's events of ``type_``, decoded in Python: the pre-reads need only rare kinds."""
+def _events_at(records: pa.Table, type_: str) -> list[tuple[tuple, dict]]:
+    """The batch's events of ``type_``, decoded in Python (the pre-reads need only rare kinds), each
+    with its position (Kafka timestamp, partition, offset: the order of ``seq``)."""
+    chosen = records.filter(_is(records, type_))
+    positions = zip(chosen.column("timestamp").to_pylist(), chosen.column("partition").to_pylist(),
+                    chosen.column("offset").to_pylist())
     found = []
-    for raw in records.column("value").filter(_is(records, type_)).to_pylist():
+    for raw, position in zip(chosen.column("value").to_pylist(), positions):
         with contextlib.suppress(ValueError):
             event = json.loads(raw)
             if isinstance(event, dict):
-                found.append(event)
+                found.append((position, event))
     return found
+
+
+def _events(records: pa.Table, type_: str) -> list[dict]:
+    """The batch's events of ``type_``, decoded in Python: the pre-reads need only rare kinds."""
+    return [event for _, event in _events_at(records, type_)]
 
 
 def _fields(events: list[dict], make) -> list:
@@ -340,6 +354,23 @@ def _sql_string(text: str) -> str:
 def removed_topics(records: pa.Table) -> list[str]:
     """The topics the batch's REMOVE TOPIC records name."""
     return _fields(_events(records, "remove_topic"), lambda e: str(e["topic"]))
+
+
+def published_before_removal(records: pa.Table) -> list[int]:
+    """The smuids of the batch's publishes that precede (in ``seq`` order) a REMOVE TOPIC of the
+    batch naming their topic or an ancestor: the removal orphans them too when nobody holds them."""
+    removals = [(at, str(event["topic"]).rstrip("/")) for at, event in _events_at(records, "remove_topic")
+                if "topic" in event]
+    if not removals:
+        return []
+    found = set()
+    for at, event in _events_at(records, "publish"):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            topic, smuid = str(event["topic"]), int(event["smuid"])
+            if any(at < removed_at and (topic == removed or topic.startswith(removed + "/"))
+                   for removed_at, removed in removals):
+                found.add(smuid)
+    return sorted(found)
 
 
 def acked_smuids(records: pa.Table) -> list[int]:
@@ -661,6 +692,9 @@ WHERE {alive}({matches})
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)
                                              | set(orphaned.column("smuid").to_pylist())))
+        # and this batch's own publishes before the removal (the query keeps those somebody got)
+        orphaned = pa.concat_tables([orphaned, pa.table({"smuid": pa.array(published_before_removal(arrow_records),
+                                                                           pa.int64())}).cast(orphaned.schema)])
         subscribed = subscribes(arrow_records)
         late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
         sinced = [a for a, _, since in subscribed if since]

@@ -876,3 +876,12 @@ def test_messages_of_a_removed_topic_that_nobody_holds_go_to_the_trash_as_topic_
     stored = frames.of(MESSAGES_TABLE, (1, "/t/x", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, None, "none", "all"))
     trashed = routing.trash(frames.of(routing.DEAD, (1, "", "topic_removed")), stored, NOW, 6).collect()
     assert [(r.smuid, r.trash_topic, r.reason) for r in trashed] == [(1, "/t/x/Trash", "topic_removed")]
+
+
+def test_an_orphaned_message_the_batch_routes_to_somebody_is_not_trashed(frames):
+    """The batch's own publishes before a REMOVE TOPIC are orphaned candidates too: one that reached a
+    subscriber (or a late one) is held, its delivery still goes out; one that reached nobody goes."""
+    orphaned = frames.of(routing.ORPHANED, (1,), (2,))
+    routed_now = frames.deliveries(delivery("bob", 2, "/t/x", 3))
+    dead_rows = routing.dead_messages(frames.of(routing.EXPIRING), no_retries(frames), orphaned, routed_now)
+    assert [(r.smuid, r.account, r.reason) for r in dead_rows.collect()] == [(1, "", "topic_removed")]

@@ -247,3 +247,22 @@ def test_a_message_that_reached_nobody_and_expires_in_its_own_batch_gets_a_0_of_
     assert [(d.account, d.topic, dict(d.headers)["Delivered"]) for d in receipts] == [
         ("alice", "/accounts/alice", "0/0")]
     assert sorted(out["trash"].column("smuid").to_pylist()) == [1, 2]
+
+
+def test_a_message_published_just_before_its_topics_removal_that_nobody_holds_goes_to_its_trash(spark, tmp_path):
+    """Published in the same batch just before the REMOVE TOPIC of its topic (or an ancestor) and held
+    by nobody: ``topic_removed``, never kept ``unrouted``; one a subscriber got is still delivered."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x/w", US0)])
+    out = run_batch(spark, sink, 1, [
+        ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, expires_at=US0 + 60_000_000),  # nobody
+        ev.Publish(2, "/t/x/z", "c2", "alice", "gp", US0 + 2),  # a state message, nobody
+        ev.Publish(3, "/t/x/w", "c3", "alice", "gp", US0 + 3),  # bob's
+        ev.Publish(4, "/t/y", "c4", "alice", "gp", US0 + 4, expires_at=US0 + 60_000_000),  # another topic
+        ev.RemoveTopic("r", "alice", "/t/x", US0 + 5)], offset=10)
+    assert sorted(zip(out["trash"].column("smuid").to_pylist(), out["trash"].column("reason").to_pylist(),
+                      out["trash"].column("trash_topic").to_pylist())) == [
+        (1, "topic_removed", "/t/x/Trash"), (2, "topic_removed", "/t/x/z/Trash")]
+    assert delivered(out) == [("bob", 3)]
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(4, "unrouted")]  # 1 is never trashed again
