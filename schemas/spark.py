@@ -107,7 +107,9 @@ SUBSCRIPTIONS_TABLE = _struct(
 #: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
 #: reached no subscriber and can expire, status "unrouted" until it does ("expired"), a late
 #: subscriber takes it ("routed": its delivery to that subscriber expires or not from then on)
-#: or its topic is removed ("trashed", reason topic_removed).
+#: or its topic is removed ("trashed", reason topic_removed).  A message whose topic is removed
+#: while somebody still holds it gets a row "removed" there, "trashed" (topic_removed) once ACKs
+#: settle its last pending delivery.
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),

@@ -459,6 +459,7 @@ class CommandSink:
         self.query_name = config.streaming.query_name
         self._producer = None
         self.sweep_trash = TrashSweeper(config)
+        self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
 
@@ -643,18 +644,75 @@ WHERE {alive}({matches})
         """The stored messages (:data:`routing.ORPHANED`) of the removed ``topics`` and their
         descendants that have not expired, are not in the Trash as a whole and that nobody holds
         (no ``pending`` delivery): unrouted ones, and those kept only for late subscribers."""
-        schema = arrow_schema(routing.ORPHANED)
+        return self._removed_messages(deliveries, topics, now, held=False).select(["smuid"]).cast(
+            arrow_schema(routing.ORPHANED))
+
+    def _removed_messages(self, deliveries: DeltaTable, topics: list[str], now: int | None, held: bool) -> pa.Table:
+        """The stored messages of the removed ``topics`` and their descendants that have not expired
+        and are not in the Trash as a whole, that somebody holds (a ``pending`` delivery; ``held``)
+        or that nobody does: smuid, topic, priority, expires_at."""
         if not topics:
-            return schema.empty_table()
+            return pa.table({"smuid": pa.array([], pa.int64())})
         under = " OR ".join(f"topic = {_sql_string(t)} OR starts_with(topic, {_sql_string(t.rstrip('/') + '/')})"
                             for t in sorted(set(topics)))
         alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
         reader = (QueryBuilder().register("messages", self._table("messages")).register("deliveries", deliveries)
                   .register("trash", self._table("trash"))
-                  .execute(f"""SELECT smuid FROM messages WHERE {alive}({under})
-  AND smuid NOT IN (SELECT smuid FROM deliveries WHERE status = 'pending')
+                  .execute(f"""SELECT smuid, topic, priority, expires_at FROM messages WHERE {alive}({under})
+  AND smuid {"IN" if held else "NOT IN"} (SELECT smuid FROM deliveries WHERE status = 'pending')
   AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""))
-        return pa.table(reader).cast(schema)
+        return pa.table(reader)
+
+    def removal_markers(self, deliveries: DeltaTable, topics: list[str], now: int | None,
+                        batch_id: int) -> pa.Table:
+        """``unrouted`` rows (account ``''``, status ``removed``, :data:`OUTPUTS` ``deliveries``
+        columns) for the stored messages of the removed ``topics`` somebody still holds: once
+        ACKs settle their last pending delivery they go to the Trash (:meth:`removed_settled`)."""
+        schema = arrow_schema(OUTPUTS["deliveries"])
+        held = self._removed_messages(deliveries, topics, now, held=True)
+        if not held.num_rows:
+            return schema.empty_table()
+        rows = [{"account": "", "smuid": r["smuid"], "topic": r["topic"], "priority": r["priority"],
+                 "status": "removed", "routed_batch_id": batch_id, "expires_at": r["expires_at"], "is_new": True}
+                for r in held.to_pylist()]
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def removed_held(self) -> set[int]:
+        """The messages of removed topics still held at their removal and not yet trashed (the
+        ``removed`` rows of ``unrouted``): read once, then kept up to date by each commit, so that
+        checking a batch's ACKs against them costs nothing."""
+        if self._removed_held is None:
+            reader = (QueryBuilder().register("unrouted", self._table("unrouted"))
+                      .execute("SELECT smuid FROM unrouted WHERE status = 'removed'"))
+            self._removed_held = set(pa.table(reader).column("smuid").to_pylist())
+        return self._removed_held
+
+    def removed_settled(self, deliveries: DeltaTable, records: pa.Table) -> list[int]:
+        """The messages of removed topics (:meth:`removed_held`) whose last pending delivery this
+        batch's ACKs settle: nothing holds them any more, so they go to the Trash (``topic_removed``)."""
+        candidates = set(acked_smuids(records)) & self.removed_held()
+        if not candidates:
+            return []
+        acked = set(_fields(_events(records, "ack"), lambda e: (str(e["account"]), int(e["smuid"]))))
+        listed = ", ".join(str(int(smuid)) for smuid in sorted(candidates))
+        pending = pa.table(QueryBuilder().register("deliveries", deliveries).execute(
+            f"SELECT account, smuid FROM deliveries WHERE status = 'pending' AND smuid IN ({listed})"))
+        remaining = {smuid for account, smuid in zip(pending.column("account").to_pylist(),
+                                                     pending.column("smuid").to_pylist())
+                     if (account, smuid) not in acked}
+        return sorted(candidates - remaining)
+
+    def _note_removed(self, out: dict[str, pa.Table]) -> None:
+        """Keep :meth:`removed_held` up to date with a committed batch: its new ``removed`` rows
+        in, whatever it trashed as a whole out."""
+        if self._removed_held is None:
+            return
+        rows = out["deliveries"]
+        marked = pc.and_(pc.equal(rows.column("account"), ""), pc.equal(rows.column("status"), "removed"))
+        self._removed_held.update(rows.filter(marked).column("smuid").to_pylist())
+        trash = out["trash"]
+        whole = pc.equal(pc.fill_null(trash.column("account"), ""), "")
+        self._removed_held.difference_update(trash.filter(whole).column("smuid").to_pylist())
 
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
@@ -688,7 +746,12 @@ WHERE {alive}({matches})
         unreached = set(pending.filter(nobody).column("smuid").to_pylist())  # 0/0 receipts, if they asked
         concerned = sorted(set(state.column("smuid").to_pylist()))
         receipted = self.receipted(sorted(set(concerned) | unreached))
-        orphaned = self.orphaned(deliveries, removed_topics(arrow_records), now)
+        removed = removed_topics(arrow_records)
+        orphaned = self.orphaned(deliveries, removed, now)
+        # and those held at their removal whose last pending delivery this batch's ACKs settle
+        orphaned = pa.concat_tables([orphaned, pa.table({"smuid": pa.array(self.removed_settled(
+            deliveries, arrow_records), pa.int64())}).cast(orphaned.schema)])
+        markers = self.removal_markers(deliveries, removed, now, batch_id)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)
                                              | set(orphaned.column("smuid").to_pylist())))
@@ -737,6 +800,11 @@ WHERE {alive}({matches})
             out[kind] = pa.Table.from_batches(
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
                 schema=pa.schema(list(column.type)))
+        if markers.num_rows:
+            rows = out["deliveries"]
+            taken = rows.filter(pc.equal(rows.column("account"), "")).column("smuid")  # one row per key
+            markers = markers.filter(pc.invert(pc.is_in(markers.column("smuid"), taken)))
+            out["deliveries"] = pa.concat_tables([rows, markers.cast(rows.schema)])
         return out
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -809,6 +877,7 @@ WHERE {alive}({matches})
         self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
         self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
         self._commit_subscriptions(out["subscriptions"], batch_id)
+        self._note_removed(out)
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
         rows = _to_table(arrow, "messages")
@@ -854,7 +923,12 @@ WHERE {alive}({matches})
             )
             .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed
                 updates={"status": "s.status"},
-                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status = 'unrouted'",
+                predicate=("NOT s.is_new AND ((s.status IN ('routed', 'trashed') AND t.status = 'unrouted') "
+                           "OR (s.status = 'trashed' AND t.status = 'removed'))"),
+            )
+            .when_matched_update(  # a message a late subscriber took from ``unrouted`` outlives its topic
+                updates={"status": "s.status"},
+                predicate="s.is_new AND s.status = 'removed' AND t.status = 'routed'",
             )
             .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
                 updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",

@@ -214,7 +214,8 @@ def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path)
                       out["trash"].column("trash_topic").to_pylist())) == [
         (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
     unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
-    assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
+    # 3 is never trashed again at expiry; 2, still held by bob, waits for his ACK
+    assert sorted((r["smuid"], r["status"]) for r in unrouted) == [(2, "removed"), (3, "trashed")]
 
 
 def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(spark, tmp_path):
@@ -266,3 +267,27 @@ def test_a_message_published_just_before_its_topics_removal_that_nobody_holds_go
     assert delivered(out) == [("bob", 3)]
     unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
     assert [(r["smuid"], r["status"]) for r in unrouted] == [(4, "unrouted")]  # 1 is never trashed again
+
+
+def test_a_removed_topics_message_goes_to_its_trash_once_acks_settle_its_last_pending_delivery(spark, tmp_path):
+    """Held at the removal (bob's and ann's deliveries pending), it stays while any is pending; the
+    ACK that settles the last one sends it to ``<topic>/Trash`` (``topic_removed``), also after a
+    restart of the job between the removal and the ACKs."""
+    config = load_config(env={}, data_dir=str(tmp_path))
+    sink = CommandSink(config)
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x", US0), ev.Subscribe("ann", "ga", "/t/*", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),  # both hold it
+                               ev.Publish(2, "/t/y", "c2", "alice", "gp", US0 + 2)])  # another topic
+    removal = run_batch(spark, sink, 1, [ev.RemoveTopic("r", "alice", "/t/x", US0 + 10)], offset=10)
+    assert removal["trash"].num_rows == 0  # still held: its deliveries go out
+    sink = CommandSink(config)  # a restart: what is held is read back from the table
+    first = run_batch(spark, sink, 2, [ev.Ack("bob", "gb", 1, US0 + 11), ev.Ack("bob", "gb", 2, US0 + 12)],
+                      offset=20)
+    assert first["trash"].num_rows == 0  # ann still holds it
+    last = run_batch(spark, sink, 3, [ev.Ack("ann", "ga", 1, US0 + 13), ev.Ack("ann", "ga", 2, US0 + 14)],
+                     offset=30)
+    assert sorted(zip(last["trash"].column("smuid").to_pylist(), last["trash"].column("reason").to_pylist(),
+                      last["trash"].column("trash_topic").to_pylist())) == [(1, "topic_removed", "/t/x/Trash")]
+    unrouted = DeltaTable(config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(1, "trashed")]
+    assert sink.removed_held() == set()
