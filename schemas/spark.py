@@ -107,9 +107,11 @@ SUBSCRIPTIONS_TABLE = _struct(
 #: Delta table ``unrouted`` has the same columns: one row of account ``''`` per message that
 #: reached no subscriber and can expire, status "unrouted" until it does ("expired"), a late
 #: subscriber takes it ("routed": its delivery to that subscriber expires or not from then on)
-#: or its topic is removed ("trashed", reason topic_removed); and one per DELIVERY ONE message
-#: waiting for a subscriber below its topic's ``max_in_flight`` ("waiting", then "routed" once one
-#: has room: ``streaming.dispatch``).
+#: or its topic is removed ("trashed", reason topic_removed).  A message whose topic is removed
+#: while somebody still holds it gets a row "removed" there, "trashed" (topic_removed) once ACKs
+#: settle its last pending delivery.  And one per DELIVERY ONE message waiting for a subscriber
+#: below its topic's ``max_in_flight`` ("waiting", then "routed" once one has room:
+#: ``streaming.dispatch``).
 DELIVERIES_TABLE = _struct(
     ("account", StringType()),
     ("smuid", LongType()),

@@ -554,12 +554,42 @@ def cleared(intervals: DataFrame, clearable: DataFrame, acks: DataFrame, expirin
     SINCE on the topics its pattern matches (``clearable``, :data:`CLEARABLE`:
     stored pending deliveries).  Their rows become ``cleared`` and an ``Acked``
     with reason ``cleared`` withdraws them from the gateways.  What this batch
-    acknowledges, expires, retries or hands on is left alone (that wins), as
-    are deliveries routed in this batch itself.
+    acknowledges, expires, retries or hands on is left alone (that wins).  Deliveries
+    routed earlier in the same batch are :func:`withheld` instead.
     """
     return run_sql(cleared_sql("{intervals}", "{clearable}", "{acks}", "{expiring}", "{retried}", "{released}"),
                    {"intervals": intervals, "clearable": clearable, "acks": acks, "expiring": expiring,
                     "retried": retried, "released": released})
+
+
+def _cleared_later_sql(events: str, routed: str) -> str:
+    """SQL: true for a row of ``routed`` (a delivery of this batch) when a later SUBSCRIBE of the
+    batch by the same account with SINCE after the message's acceptance, on a pattern matching its
+    topic, clears it (:func:`withheld`)."""
+    return f"""EXISTS (SELECT 1 FROM {events} s
+  WHERE s.type = 'subscribe' AND s.since IS NOT NULL AND s.account = {routed}.account
+    AND s.seq > {routed}.seq AND {routed}.accepted_at < s.since
+    AND array_contains({candidate_patterns_sql(f"{routed}.topic")}, s.pattern))"""
+
+
+def withheld_sql(events: str, routed: str, cleared: bool = True) -> str:
+    """SQL of :func:`withheld` over the relations ``events`` and ``routed``; with ``cleared``
+    False, the rest of ``routed`` (the deliveries that go out)."""
+    test = _cleared_later_sql(events, "_r")
+    return f"SELECT * FROM {routed} _r WHERE {test if cleared else f'NOT {test}'}"
+
+
+def withheld(events: DataFrame, routed: DataFrame) -> DataFrame:
+    """This batch's deliveries (:data:`DELIVERIES`) that a later SUBSCRIBE of the same batch clears.
+
+    A SUB MESSAGE with SINCE clears what is pending for the subscriber before
+    SINCE (:func:`cleared`); a delivery routed earlier in the same batch (through
+    the subscription the SUBSCRIBE redefines, or another of the account's) is
+    pending too, so it is never sent: its row becomes ``cleared`` at once
+    (:func:`delivery_updates`).  ``seq`` orders them: a SUBSCRIBE before the
+    publish filters it by SINCE when routing instead.
+    """
+    return run_sql(withheld_sql("{events}", "{routed}"), {"events": events, "routed": routed})
 
 
 # -- Delta rows
@@ -724,10 +754,11 @@ def _trashed_at(now: int | None) -> str:
 ORPHANED = StructType([StructField("smuid", LongType(), True)])
 
 
-def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None) -> str:
-    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried`` and ``orphaned``
-    (none when None)."""
+def dead_messages_sql(expiring: str, retried: str, orphaned: str | None = None, routed: str | None = None) -> str:
+    """SQL of :func:`dead_messages` over the relations ``expiring``, ``retried``, ``orphaned`` and
+    ``routed`` (none when None)."""
     orphaned = orphaned or empty_sql(ORPHANED)
+    held = f" AND smuid NOT IN (SELECT smuid FROM {routed})" if routed else ""
     return f"""SELECT smuid, '' AS account,
        CASE WHEN bool_and(account = '') THEN 'undeliverable' ELSE 'expired' END AS reason
 FROM {expiring} GROUP BY smuid
@@ -735,10 +766,11 @@ UNION ALL
 SELECT smuid, account, 'max_retries' AS reason FROM {retried} WHERE dead
 UNION ALL
 SELECT DISTINCT smuid, '' AS account, 'topic_removed' AS reason FROM {orphaned}
-WHERE smuid NOT IN (SELECT smuid FROM {expiring})"""
+WHERE smuid NOT IN (SELECT smuid FROM {expiring}){held}"""
 
 
-def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None) -> DataFrame:
+def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame | None = None,
+                  routed: DataFrame | None = None) -> DataFrame:
     """What goes to the Trash in this batch → :data:`DEAD`.
 
     A message with an :func:`expiring` delivery goes once, as a whole
@@ -746,14 +778,17 @@ def dead_messages(expiring: DataFrame, retried: DataFrame, orphaned: DataFrame |
     else ``expired``.  A delivery that used up its retries (:func:`retried`,
     ``dead``) goes for that subscriber: reason ``max_retries``.  A message of a
     topic removed in this batch that nobody holds any more (``orphaned``,
-    :data:`ORPHANED`: kept only for late subscribers, or unrouted) goes as a
-    whole: reason ``topic_removed`` (unless it expires now: ``expired`` wins).
+    :data:`ORPHANED`: stored ones kept only for late subscribers, or unrouted,
+    and the batch's own publishes before the removal) goes as a whole: reason
+    ``topic_removed`` (unless it expires now: ``expired`` wins), unless this
+    batch routes it to somebody (``routed``, :data:`DELIVERIES`): its pending
+    deliveries still go out.
     """
     frames = {"expiring": expiring, "retried": retried}
-    if orphaned is not None:
-        frames["orphaned"] = orphaned
-    return run_sql(dead_messages_sql("{expiring}", "{retried}", "{orphaned}" if orphaned is not None else None),
-                   frames)
+    optional = {"orphaned": orphaned, "routed": routed}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
+    return run_sql(dead_messages_sql("{expiring}", "{retried}", *("{%s}" % name if frame is not None else None
+                                                                  for name, frame in optional.items())), frames)
 
 
 def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:
@@ -861,9 +896,9 @@ FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid 
 def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: datetime,
                          now: int | None = None, unrouted: str | None = None, expiring: str | None = None,
                          retried: str | None = None, released: str | None = None, nobody: str | None = None,
-                         cleared: str | None = None) -> str:
+                         cleared: str | None = None, withheld: str | None = None) -> str:
     """SQL of :func:`delivery_updates` over the relations ``deliveries``, ``acks`` (and ``unrouted``,
-    ``expiring``, ``retried``, ``released``, ``nobody``, ``cleared``: empty when None)."""
+    ``expiring``, ``retried``, ``released``, ``nobody``, ``cleared``, ``withheld``: empty when None)."""
     unrouted = unrouted or empty_sql(StructType([StructField("smuid", LongType()), StructField("topic", StringType()),
                                                  StructField("priority", IntegerType()),
                                                  StructField("expires_at", LongType())]))
@@ -874,8 +909,11 @@ def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: d
     nobody = nobody or empty_sql(NOBODY_UPDATES)
     cleared = cleared or empty_sql(CLEARED)
     no_update = "CAST(NULL AS INT) AS retries, CAST(NULL AS STRING) AS receipt, CAST(NULL AS STRING) AS delivery"
+    deliveries = (f"(SELECT *, FALSE AS _withheld FROM {deliveries}"
+                  + (f" UNION ALL SELECT *, TRUE AS _withheld FROM {withheld})" if withheld else ")"))
     return f"""SELECT d.account, d.smuid, d.topic, d.priority,
-       CASE WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
+       CASE WHEN d._withheld THEN 'cleared'
+            WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
             WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked'
             WHEN {_expired("d.expires_at", now)} THEN 'expired' ELSE 'pending' END AS status,
        {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
@@ -932,7 +970,7 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
                      now: int | None = None, unrouted: DataFrame | None = None,
                      expiring: DataFrame | None = None, retried: DataFrame | None = None,
                      released: DataFrame | None = None, nobody: DataFrame | None = None,
-                     cleared: DataFrame | None = None) -> DataFrame:
+                     cleared: DataFrame | None = None, withheld: DataFrame | None = None) -> DataFrame:
     """New deliveries, acks and expiries → the source of the ``deliveries`` merge.
 
     ``DELIVERIES_TABLE`` columns plus ``is_new``: new deliveries are
@@ -951,11 +989,12 @@ def delivery_updates(deliveries: DataFrame, acks: DataFrame, batch_id: int, rout
     ``deliveries``).  ``nobody`` (:data:`NOBODY_UPDATES`) sets the status of stored ``unrouted``
     rows: ``routed`` once a late subscriber took the message (its delivery expires, or not, from
     then on), ``trashed`` once its topic was removed.  :func:`cleared` deliveries are ``is_new =
-    false`` rows with status ``cleared``.  One row per (account, smuid).
+    false`` rows with status ``cleared``; :func:`withheld` ones (routed in this batch, never sent)
+    are ``is_new`` rows with status ``cleared``.  One row per (account, smuid).
     """
     frames = {"deliveries": deliveries, "acks": acks}
     optional = {"unrouted": unrouted, "expiring": expiring, "retried": retried, "released": released,
-                "nobody": nobody, "cleared": cleared}
+                "nobody": nobody, "cleared": cleared, "withheld": withheld}
     frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(delivery_updates_sql("{deliveries}", "{acks}", batch_id, routed_at, now,
                                         *("{%s}" % name if frame is not None else None

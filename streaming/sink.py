@@ -121,6 +121,16 @@ def has_delivery_one(records: pa.Table) -> bool:
     return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _ONE.pattern)).as_py()
 
 
+_RECEIPT = re.compile(r'"receipt"\s*:\s*"(?i:one|all)"')
+
+
+def asks_for_receipt(records: pa.Table) -> bool:
+    """Whether a record of the batch may be a publish asking for a receipt (RECEIPT ONE / ALL; a cheap
+    over-approximation: a false positive only keeps the receipt steps in the plan)."""
+    values = pc.cast(records.column("value"), pa.string())
+    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _RECEIPT.pattern)).as_py()
+
+
 def _ddl(kind: DataType) -> str:
     """``kind`` as a SQL type with every nested field nullable (field names quoted)."""
     if isinstance(kind, StructType):
@@ -164,19 +174,23 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
     stored candidates or a publish of the batch may precede the SUBSCRIBE); ``clearing``: one
     of them has SINCE, which clears what is pending before it (:func:`routing.cleared`, over the
-    relation ``{clearable}``, :meth:`CommandSink.clearable`); ``removing``: a REMOVE TOPIC left
-    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned`).  A smaller plan is
+    relation ``{clearable}``, :meth:`CommandSink.clearable`), and what the batch routed to that
+    subscriber before it (:func:`routing.withheld`); ``removing``: a REMOVE TOPIC left
+    messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned` and
+    :func:`published_before_removal`; those the batch routes to somebody stay).  A smaller plan is
     what matters: analysing and optimising the query is most of a micro-batch.
     """
     new, stored = expiry
     source = ", ".join(_STORED_COLUMNS)
+    routed = "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else "")
     ctes = {
         "events": routing.valid_events_sql("{decoded}"),
         "intervals": routing.subscription_intervals_sql("{current}", "events"),
         "routed_all": routing.route_all_sql("events", "intervals", one),
         "late": (routing.late_sql("events", "intervals", "{late_stored}", "{late_held}", "routed_all", now) if late
                  else _empty(routing.DELIVERIES)),
-        "routed": "SELECT * FROM routed_all WHERE account <> ''" + (" UNION ALL SELECT * FROM late" if late else ""),
+        "routed": (routing.withheld_sql("events", f"({routed})", cleared=False) if clearing else routed),
+        "withheld": routing.withheld_sql("events", f"({routed})") if clearing else _empty(routing.DELIVERIES),
         "acks": routing.extract_acks_sql("events"),
         "unrouted": (f"SELECT * FROM ({routing.unrouted_of_sql('routed_all')}) "
                      "WHERE smuid NOT IN (SELECT smuid FROM late)" if late else routing.unrouted_of_sql("routed_all")),
@@ -193,7 +207,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                     else _empty(routing.RETRIED)),
         "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
                     if clearing else _empty(routing.CLEARED)),
-        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None),
+        "dead": routing.dead_messages_sql("expiring", "retried", "{orphaned}" if removing else None,
+                                          "routed" if removing else None),
         "nobody": ("SELECT DISTINCT smuid, 'routed' AS status FROM late" if late
                    else _empty(routing.NOBODY_UPDATES))
                   + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
@@ -217,8 +232,11 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "out_receipts": routing.receipt_rows_sql("receipt_messages", batch_id),
         "out_trash": routing.trash_sql("dead", "all_messages", now, batch_id),
         "out_deliveries": routing.delivery_updates_sql("new_deliveries", "acks", batch_id, routed_at, now,
-                                                       "unrouted", "expiring", "retried", "released", "nobody",
-                                                       "cleared"),
+                                                       # a publish of the batch trashed at once keeps no row
+                                                       "(SELECT * FROM unrouted WHERE smuid NOT IN (SELECT smuid "
+                                                       "FROM dead WHERE reason = 'topic_removed'))" if removing
+                                                       else "unrouted", "expiring", "retried", "released", "nobody",
+                                                       "cleared", "withheld" if clearing else None),
         "out_subscriptions": routing.subscription_state_sql("intervals", batch_id),
     }
     parts = [
@@ -278,15 +296,24 @@ def _is(records: pa.Table, type_: str) -> pa.ChunkedArray:
     return pc.match_substring_regex(pc.cast(records.column("value"), pa.string()), _of_type(type_))
 
 
-def _events(records: pa.Table, type_: str) -> list[dict]:
-    """The batch's events of ``type_``, decoded in Python: the pre-reads need only rare kinds."""
+def _events_at(records: pa.Table, type_: str) -> list[tuple[tuple, dict]]:
+    """The batch's events of ``type_``, decoded in Python (the pre-reads need only rare kinds), each
+    with its position (Kafka timestamp, partition, offset: the order of ``seq``)."""
+    chosen = records.filter(_is(records, type_))
+    positions = zip(chosen.column("timestamp").to_pylist(), chosen.column("partition").to_pylist(),
+                    chosen.column("offset").to_pylist())
     found = []
-    for raw in records.column("value").filter(_is(records, type_)).to_pylist():
+    for raw, position in zip(chosen.column("value").to_pylist(), positions):
         with contextlib.suppress(ValueError):
             event = json.loads(raw)
             if isinstance(event, dict):
-                found.append(event)
+                found.append((position, event))
     return found
+
+
+def _events(records: pa.Table, type_: str) -> list[dict]:
+    """The batch's events of ``type_``, decoded in Python: the pre-reads need only rare kinds."""
+    return [event for _, event in _events_at(records, type_)]
 
 
 def _fields(events: list[dict], make) -> list:
@@ -327,6 +354,23 @@ def _sql_string(text: str) -> str:
 def removed_topics(records: pa.Table) -> list[str]:
     """The topics the batch's REMOVE TOPIC records name."""
     return _fields(_events(records, "remove_topic"), lambda e: str(e["topic"]))
+
+
+def published_before_removal(records: pa.Table) -> list[int]:
+    """The smuids of the batch's publishes that precede (in ``seq`` order) a REMOVE TOPIC of the
+    batch naming their topic or an ancestor: the removal orphans them too when nobody holds them."""
+    removals = [(at, str(event["topic"]).rstrip("/")) for at, event in _events_at(records, "remove_topic")
+                if "topic" in event]
+    if not removals:
+        return []
+    found = set()
+    for at, event in _events_at(records, "publish"):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            topic, smuid = str(event["topic"]), int(event["smuid"])
+            if any(at < removed_at and (topic == removed or topic.startswith(removed + "/"))
+                   for removed_at, removed in removals):
+                found.add(smuid)
+    return sorted(found)
 
 
 def acked_smuids(records: pa.Table) -> list[int]:
@@ -542,6 +586,7 @@ class CommandSink:
         self.topic_settings = TopicSettings(config.topics)
         # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
         self._waiting: bool | None = None
+        self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
 
@@ -729,18 +774,75 @@ WHERE {alive}({matches})
         """The stored messages (:data:`routing.ORPHANED`) of the removed ``topics`` and their
         descendants that have not expired, are not in the Trash as a whole and that nobody holds
         (no ``pending`` delivery): unrouted ones, and those kept only for late subscribers."""
-        schema = arrow_schema(routing.ORPHANED)
+        return self._removed_messages(deliveries, topics, now, held=False).select(["smuid"]).cast(
+            arrow_schema(routing.ORPHANED))
+
+    def _removed_messages(self, deliveries: DeltaTable, topics: list[str], now: int | None, held: bool) -> pa.Table:
+        """The stored messages of the removed ``topics`` and their descendants that have not expired
+        and are not in the Trash as a whole, that somebody holds (a ``pending`` delivery; ``held``)
+        or that nobody does: smuid, topic, priority, expires_at."""
         if not topics:
-            return schema.empty_table()
+            return pa.table({"smuid": pa.array([], pa.int64())})
         under = " OR ".join(f"topic = {_sql_string(t)} OR starts_with(topic, {_sql_string(t.rstrip('/') + '/')})"
                             for t in sorted(set(topics)))
         alive = "" if now is None else f"(expires_at IS NULL OR expires_at > to_timestamp_micros({int(now)})) AND "
         reader = (QueryBuilder().register("messages", self._table("messages")).register("deliveries", deliveries)
                   .register("trash", self._table("trash"))
-                  .execute(f"""SELECT smuid FROM messages WHERE {alive}({under})
-  AND smuid NOT IN (SELECT smuid FROM deliveries WHERE status = 'pending')
+                  .execute(f"""SELECT smuid, topic, priority, expires_at FROM messages WHERE {alive}({under})
+  AND smuid {"IN" if held else "NOT IN"} (SELECT smuid FROM deliveries WHERE status = 'pending')
   AND smuid NOT IN (SELECT smuid FROM trash WHERE coalesce(account, '') = '')"""))
-        return pa.table(reader).cast(schema)
+        return pa.table(reader)
+
+    def removal_markers(self, deliveries: DeltaTable, topics: list[str], now: int | None,
+                        batch_id: int) -> pa.Table:
+        """``unrouted`` rows (account ``''``, status ``removed``, :data:`OUTPUTS` ``deliveries``
+        columns) for the stored messages of the removed ``topics`` somebody still holds: once
+        ACKs settle their last pending delivery they go to the Trash (:meth:`removed_settled`)."""
+        schema = arrow_schema(OUTPUTS["deliveries"])
+        held = self._removed_messages(deliveries, topics, now, held=True)
+        if not held.num_rows:
+            return schema.empty_table()
+        rows = [{"account": "", "smuid": r["smuid"], "topic": r["topic"], "priority": r["priority"],
+                 "status": "removed", "routed_batch_id": batch_id, "expires_at": r["expires_at"], "is_new": True}
+                for r in held.to_pylist()]
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def removed_held(self) -> set[int]:
+        """The messages of removed topics still held at their removal and not yet trashed (the
+        ``removed`` rows of ``unrouted``): read once, then kept up to date by each commit, so that
+        checking a batch's ACKs against them costs nothing."""
+        if self._removed_held is None:
+            reader = (QueryBuilder().register("unrouted", self._table("unrouted"))
+                      .execute("SELECT smuid FROM unrouted WHERE status = 'removed'"))
+            self._removed_held = set(pa.table(reader).column("smuid").to_pylist())
+        return self._removed_held
+
+    def removed_settled(self, deliveries: DeltaTable, records: pa.Table) -> list[int]:
+        """The messages of removed topics (:meth:`removed_held`) whose last pending delivery this
+        batch's ACKs settle: nothing holds them any more, so they go to the Trash (``topic_removed``)."""
+        candidates = set(acked_smuids(records)) & self.removed_held()
+        if not candidates:
+            return []
+        acked = set(_fields(_events(records, "ack"), lambda e: (str(e["account"]), int(e["smuid"]))))
+        listed = ", ".join(str(int(smuid)) for smuid in sorted(candidates))
+        pending = pa.table(QueryBuilder().register("deliveries", deliveries).execute(
+            f"SELECT account, smuid FROM deliveries WHERE status = 'pending' AND smuid IN ({listed})"))
+        remaining = {smuid for account, smuid in zip(pending.column("account").to_pylist(),
+                                                     pending.column("smuid").to_pylist())
+                     if (account, smuid) not in acked}
+        return sorted(candidates - remaining)
+
+    def _note_removed(self, out: dict[str, pa.Table]) -> None:
+        """Keep :meth:`removed_held` up to date with a committed batch: its new ``removed`` rows
+        in, whatever it trashed as a whole out."""
+        if self._removed_held is None:
+            return
+        rows = out["deliveries"]
+        marked = pc.and_(pc.equal(rows.column("account"), ""), pc.equal(rows.column("status"), "removed"))
+        self._removed_held.update(rows.filter(marked).column("smuid").to_pylist())
+        trash = out["trash"]
+        whole = pc.equal(pc.fill_null(trash.column("account"), ""), "")
+        self._removed_held.difference_update(trash.filter(whole).column("smuid").to_pylist())
 
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
@@ -864,20 +966,32 @@ WHERE {alive}({matches})
         unreached = set(pending.filter(nobody).column("smuid").to_pylist())  # 0/0 receipts, if they asked
         concerned = sorted(set(state.column("smuid").to_pylist()))
         receipted = self.receipted(sorted(set(concerned) | unreached))
-        orphaned = self.orphaned(deliveries, removed_topics(arrow_records), now)
+        removed = removed_topics(arrow_records)
+        orphaned = self.orphaned(deliveries, removed, now)
+        # and those held at their removal whose last pending delivery this batch's ACKs settle
+        orphaned = pa.concat_tables([orphaned, pa.table({"smuid": pa.array(self.removed_settled(
+            deliveries, arrow_records), pa.int64())}).cast(orphaned.schema)])
+        markers = self.removal_markers(deliveries, removed, now, batch_id)
         stored = self.stored_messages(sorted(set(pending.column("smuid").to_pylist())
                                              | set(retrying.column("smuid").to_pylist()) | set(concerned)
                                              | set(orphaned.column("smuid").to_pylist())))
+        # and this batch's own publishes before the removal (the query keeps those somebody got)
+        orphaned = pa.concat_tables([orphaned, pa.table({"smuid": pa.array(published_before_removal(arrow_records),
+                                                                           pa.int64())}).cast(orphaned.schema)])
         subscribed = subscribes(arrow_records)
         late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
-        clearable = self.clearable(deliveries, [a for a, _, since in subscribed if since])
+        sinced = [a for a, _, since in subscribed if since]
+        clearable = self.clearable(deliveries, sinced)
         # The records decoded once, here: every branch of the query would otherwise re-read the source.
         frames = {"decoded": spark.createDataFrame(decode_records(arrow_records), schema=routing.EVENTS),
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
-        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0,
-                        state.num_rows > 0 or bool(unreached), has_delivery_one(arrow_records),
-                        late_stored.num_rows > 0 or publish_before_subscribe(arrow_records), clearable.num_rows > 0,
+        late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
+        # a publish of the batch that reached nobody and expires at once is owed its 0/0 receipt now
+        receipts = state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
+        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0, receipts,
+                        has_delivery_one(arrow_records), late,
+                        clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
                         orphaned.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, _STORED),
@@ -906,6 +1020,11 @@ WHERE {alive}({matches})
             out[kind] = pa.Table.from_batches(
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
                 schema=pa.schema(list(column.type)))
+        if markers.num_rows:
+            rows = out["deliveries"]
+            taken = rows.filter(pc.equal(rows.column("account"), "")).column("smuid")  # one row per key
+            markers = markers.filter(pc.invert(pc.is_in(markers.column("smuid"), taken)))
+            out["deliveries"] = pa.concat_tables([rows, markers.cast(rows.schema)])
         return out
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -982,6 +1101,7 @@ WHERE {alive}({matches})
         self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
         self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
         self._commit_subscriptions(out["subscriptions"], batch_id)
+        self._note_removed(out)
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
         rows = _to_table(arrow, "messages")
@@ -1027,11 +1147,16 @@ WHERE {alive}({matches})
             )
             .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed;
                 updates={"status": "s.status"},  # a ``waiting`` one: a subscriber had room for it
-                predicate="NOT s.is_new AND s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')",
+                predicate=("NOT s.is_new AND ((s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')) "
+                           "OR (s.status = 'trashed' AND t.status = 'removed'))"),
             )
             .when_matched_update(  # a DELIVERY ONE message handed on, and nobody has room for it now
                 updates={"status": "s.status"},
                 predicate="s.is_new AND s.status = 'waiting' AND t.status IN ('unrouted', 'routed')",
+            )
+            .when_matched_update(  # a message a late subscriber took from ``unrouted`` outlives its topic
+                updates={"status": "s.status"},
+                predicate="s.is_new AND s.status = 'removed' AND t.status = 'routed'",
             )
             .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
                 updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",

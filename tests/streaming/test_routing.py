@@ -830,6 +830,27 @@ def test_a_subscribe_with_since_clears_the_pending_deliveries_accepted_before_it
     assert [(r.account, r.smuid, r.status, r.is_new) for r in updates.collect()] == [("bob", 1, "cleared", False)]
 
 
+
+def test_a_subscribe_with_since_withholds_what_its_own_batch_routed_before_it(frames):
+    """A delivery routed earlier in the batch is pending too: a later SUB with SINCE clears it, so it
+    is never sent and its row is ``cleared`` at once."""
+    evts = frames.events(publish(1, 1, "/news/x"),  # before SINCE, before the SUB: withheld
+                         publish(2, 2, "/news/x", accepted=12),  # logged before the SUB, accepted after SINCE
+                         publish(3, 3, "/other"),  # a topic the SUB does not match: sent
+                         subscribe(4, "bob", "/news/*", since=11),  # redefines bob's SINCE
+                         subscribe(5, "ann", "/news/x/*", since=11),  # a pattern that does not match /news/x
+                         publish(6, 4, "/news/x", accepted=3))  # after the SUB: its SINCE filters it when routing
+    current = frames.subs(sub_row("bob", "/news/*"), sub_row("bob", "/other"), sub_row("ann", "/news/x"))
+    deliveries = routing.route(evts, routing.subscription_intervals(current, evts))
+    held_back = routing.withheld(evts, deliveries)
+    assert sorted((r.account, r.smuid) for r in held_back.collect()) == [("bob", 1)]
+    updates = routing.delivery_updates(routing.run_sql(routing.withheld_sql("{e}", "{d}", cleared=False),
+                                                       {"e": evts, "d": deliveries}),
+                                       frames.of(ACKS), 5, T0, NOW, withheld=held_back)
+    assert sorted((r.account, r.smuid, r.status, r.is_new) for r in updates.collect()) == [
+        ("ann", 1, "pending", True), ("ann", 2, "pending", True), ("ann", 4, "pending", True),
+        ("bob", 1, "cleared", True), ("bob", 2, "pending", True), ("bob", 3, "pending", True)]
+
 def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
     messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
                                             "all") for n, mode in ((1, "all"), (2, "one"), (3, "none"), (4, "all"))))
@@ -855,3 +876,12 @@ def test_messages_of_a_removed_topic_that_nobody_holds_go_to_the_trash_as_topic_
     stored = frames.of(MESSAGES_TABLE, (1, "/t/x", "c1", "alice", "g", 0, [], [], ts(1), 0, 1, 2, None, "none", "all"))
     trashed = routing.trash(frames.of(routing.DEAD, (1, "", "topic_removed")), stored, NOW, 6).collect()
     assert [(r.smuid, r.trash_topic, r.reason) for r in trashed] == [(1, "/t/x/Trash", "topic_removed")]
+
+
+def test_an_orphaned_message_the_batch_routes_to_somebody_is_not_trashed(frames):
+    """The batch's own publishes before a REMOVE TOPIC are orphaned candidates too: one that reached a
+    subscriber (or a late one) is held, its delivery still goes out; one that reached nobody goes."""
+    orphaned = frames.of(routing.ORPHANED, (1,), (2,))
+    routed_now = frames.deliveries(delivery("bob", 2, "/t/x", 3))
+    dead_rows = routing.dead_messages(frames.of(routing.EXPIRING), no_retries(frames), orphaned, routed_now)
+    assert [(r.smuid, r.account, r.reason) for r in dead_rows.collect()] == [(1, "", "topic_removed")]

@@ -215,8 +215,8 @@ def test_a_removed_topics_messages_nobody_holds_go_to_its_trash(spark, tmp_path)
                       out["trash"].column("trash_topic").to_pylist())) == [
         (1, "topic_removed", "/t/x/Trash"), (3, "topic_removed", "/t/x/y/Trash")]
     unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
-    assert [(r["smuid"], r["status"]) for r in unrouted] == [(3, "trashed")]  # never trashed again at expiry
-
+    # 3 is never trashed again at expiry; 2, still held by bob, waits for his ACK
+    assert sorted((r["smuid"], r["status"]) for r in unrouted) == [(2, "removed"), (3, "trashed")]
 
 def run_limited(spark, sink, batch_id, commands, offset=0) -> dict:
     """:func:`run_batch` with DELIVERY ONE's in-flight limit applied, as the sink's ``__call__`` does."""
@@ -304,3 +304,79 @@ def test_a_batch_of_only_ticks_and_gateway_control_events_has_nothing_to_route()
     assert not _nothing_to_route(records(*control, ev.RemoveTopic("r", "ann", "/t", US0)))
     assert not _nothing_to_route(records(*control, ev.Ack("bob", "gb", 1, US0)))
     assert not _nothing_to_route(records(ev.Publish(1, "/t", "c1", "alice", "gp", US0)))
+
+
+
+def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(spark, tmp_path):
+    """A publish routed to bob earlier in the batch than bob's re-SUBSCRIBE with a later SINCE is
+    never sent to bob: its delivery row is ``cleared`` (a later one still goes out)."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0)])
+    out = run_batch(spark, sink, 1, [ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),
+                                     ev.Subscribe("bob", "gb", "/t/*", US0 + 5, since=US0 + 2),
+                                     ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 6)], offset=10)
+    assert delivered(out) == [("bob", 2)]
+    rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
+    assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
+    # the next SUBSCRIBE of bob's (a new pattern) does not bring it back
+    again = run_batch(spark, sink, 2, [ev.Subscribe("bob", "gb", "/t/x", US0 + 7)], offset=20)
+    assert delivered(again) == []
+
+
+def test_a_message_that_reached_nobody_and_expires_in_its_own_batch_gets_a_0_of_0_receipt(spark, tmp_path):
+    """RECEIPT ONE / ALL with nobody subscribed, already expired by the batch's clock: ``0/0`` goes
+    to the publisher's account topic at once, as it would from a later batch."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    out = run_batch(spark, sink, 0, [
+        ev.Publish(1, "/u", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 5, receipt="all"),
+        ev.Publish(2, "/u", "c2", "alice", "ga", US0 + 2, expires_at=US0 + 5),  # asked for none
+        ev.Tick(US0 + 10)])
+    assert [(r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in out["receipts"].to_pylist()] == [
+        (1, "all", 0, 0)]
+    receipts = [ev.decode(v) for v in out["deliver"].column("value").to_pylist()]
+    assert [(d.account, d.topic, dict(d.headers)["Delivered"]) for d in receipts] == [
+        ("alice", "/accounts/alice", "0/0")]
+    assert sorted(out["trash"].column("smuid").to_pylist()) == [1, 2]
+
+
+def test_a_message_published_just_before_its_topics_removal_that_nobody_holds_goes_to_its_trash(spark, tmp_path):
+    """Published in the same batch just before the REMOVE TOPIC of its topic (or an ancestor) and held
+    by nobody: ``topic_removed``, never kept ``unrouted``; one a subscriber got is still delivered."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x/w", US0)])
+    out = run_batch(spark, sink, 1, [
+        ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, expires_at=US0 + 60_000_000),  # nobody
+        ev.Publish(2, "/t/x/z", "c2", "alice", "gp", US0 + 2),  # a state message, nobody
+        ev.Publish(3, "/t/x/w", "c3", "alice", "gp", US0 + 3),  # bob's
+        ev.Publish(4, "/t/y", "c4", "alice", "gp", US0 + 4, expires_at=US0 + 60_000_000),  # another topic
+        ev.RemoveTopic("r", "alice", "/t/x", US0 + 5)], offset=10)
+    assert sorted(zip(out["trash"].column("smuid").to_pylist(), out["trash"].column("reason").to_pylist(),
+                      out["trash"].column("trash_topic").to_pylist())) == [
+        (1, "topic_removed", "/t/x/Trash"), (2, "topic_removed", "/t/x/z/Trash")]
+    assert delivered(out) == [("bob", 3)]
+    unrouted = DeltaTable(sink.config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(4, "unrouted")]  # 1 is never trashed again
+
+
+def test_a_removed_topics_message_goes_to_its_trash_once_acks_settle_its_last_pending_delivery(spark, tmp_path):
+    """Held at the removal (bob's and ann's deliveries pending), it stays while any is pending; the
+    ACK that settles the last one sends it to ``<topic>/Trash`` (``topic_removed``), also after a
+    restart of the job between the removal and the ACKs."""
+    config = load_config(env={}, data_dir=str(tmp_path))
+    sink = CommandSink(config)
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/x", US0), ev.Subscribe("ann", "ga", "/t/*", US0),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1),  # both hold it
+                               ev.Publish(2, "/t/y", "c2", "alice", "gp", US0 + 2)])  # another topic
+    removal = run_batch(spark, sink, 1, [ev.RemoveTopic("r", "alice", "/t/x", US0 + 10)], offset=10)
+    assert removal["trash"].num_rows == 0  # still held: its deliveries go out
+    sink = CommandSink(config)  # a restart: what is held is read back from the table
+    first = run_batch(spark, sink, 2, [ev.Ack("bob", "gb", 1, US0 + 11), ev.Ack("bob", "gb", 2, US0 + 12)],
+                      offset=20)
+    assert first["trash"].num_rows == 0  # ann still holds it
+    last = run_batch(spark, sink, 3, [ev.Ack("ann", "ga", 1, US0 + 13), ev.Ack("ann", "ga", 2, US0 + 14)],
+                     offset=30)
+    assert sorted(zip(last["trash"].column("smuid").to_pylist(), last["trash"].column("reason").to_pylist(),
+                      last["trash"].column("trash_topic").to_pylist())) == [(1, "topic_removed", "/t/x/Trash")]
+    unrouted = DeltaTable(config.table_path("unrouted")).to_pyarrow_table().to_pylist()
+    assert [(r["smuid"], r["status"]) for r in unrouted] == [(1, "trashed")]
+    assert sink.removed_held() == set()
