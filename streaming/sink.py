@@ -470,6 +470,15 @@ def _picked_one(deliveries: pa.Table) -> pa.Table:
     return deliveries.filter(pc.fill_null(mask, False))
 
 
+def _withheld_one(deliveries: pa.Table) -> dict[int, str]:
+    """smuid → account of the batch's DELIVERY ONE deliveries a SINCE later in the batch withheld
+    (new rows, status ``cleared``)."""
+    rows = deliveries.filter(pc.fill_null(pc.and_(
+        pc.and_(deliveries.column("is_new"), pc.equal(deliveries.column("status"), "cleared")),
+        pc.equal(deliveries.column("delivery"), "one")), False))
+    return dict(zip(rows.column("smuid").to_pylist(), rows.column("account").to_pylist()))
+
+
 def _is_settlement(deliveries: pa.Table) -> pa.ChunkedArray:
     """Which rows update a stored delivery (not ``is_new``)."""
     return pc.invert(pc.fill_null(deliveries.column("is_new"), False))
@@ -533,11 +542,11 @@ def _deliver_record(message: dict, account: str) -> dict:
 
 
 def _rehold(deliveries: pa.Table, picked: pa.Table, holders: dict[int, str | None], dispatched: dict[int, dict],
-            batch_id: int, routed_at: datetime) -> tuple[pa.Table, set[int]]:
+            unplaced: dict[int, dict], batch_id: int, routed_at: datetime) -> tuple[pa.Table, set[int]]:
     """The batch's ``deliveries`` rows with each pick whose holder ``holders`` changed moved to it (or,
     with no holder, replaced by a ``waiting`` row of account ``''``), plus a pending row and a
-    ``routed`` one for each ``dispatched`` waiting message (smuid → its stored message); and which
-    picks changed."""
+    ``routed`` one for each ``dispatched`` message and a ``waiting`` one for each ``unplaced`` one
+    (smuid → its message: waiting, or cleared away from its holder); and which picks changed."""
     picks = picked.to_pylist()
     changed = {row["smuid"] for row in picks if holders.get(row["smuid"], row["account"]) != row["account"]}
     waits = sorted(smuid for smuid in changed if holders[smuid] is None)
@@ -546,6 +555,7 @@ def _rehold(deliveries: pa.Table, picked: pa.Table, holders: dict[int, str | Non
     for smuid, message in sorted(dispatched.items()):
         rows.append(_delivery_row(message, holders[smuid], "pending", batch_id, routed_at, True))
         rows.append(_delivery_row(message, "", "routed", batch_id, routed_at, False))
+    rows += [_delivery_row(message, "", "waiting", batch_id, routed_at, True) for _, message in sorted(unplaced.items())]
     smuids, accounts = deliveries.column("smuid"), deliveries.column("account")
     moved_picks = pc.and_(pc.is_in(smuids, pa.array(sorted(changed), pa.int64())),
                           pc.and_(deliveries.column("is_new"), pc.not_equal(accounts, "")))
@@ -862,29 +872,57 @@ WHERE {alive}({matches})
         batches (``unrouted`` rows with status ``waiting``) go to :func:`dispatch.assign`: a
         delivery moved to another subscriber changes account in ``deliveries`` and ``deliver``; one
         that must wait becomes a ``waiting`` row of account ``''`` and is not sent; a waiting
-        message assigned now gets its delivery and Deliver, and its row becomes ``routed``.  Nothing
-        is read when the batch has no ONE delivery and nothing is known to wait.  A replayed batch
+        message assigned now gets its delivery and Deliver, and its row becomes ``routed``.  A ONE
+        message a SINCE clears away from its holder (stored, or withheld in this batch) is offered
+        to the other subscribers the same way.  Nothing is read when the batch has no ONE delivery
+        and nothing is known to wait.  A replayed batch
         whose deliveries were committed takes the holders from that commit, so it sends what the
         first attempt recorded.
         """
         deliveries = out["deliveries"]
         picked = _picked_one(deliveries)
-        if not picked.num_rows and self._waiting is False:
+        withheld = _withheld_one(deliveries)
+        cleared_keys = {key for key, status in _settlements(deliveries).items() if status == "cleared"}
+        if not picked.num_rows and not withheld and not cleared_keys and self._waiting is False:
             return
         table = self._table("deliveries")
+        cleared = {**self._of_delivery_one(table, cleared_keys), **withheld}
         dying = _settled_nobody(deliveries)
-        waiting = [smuid for smuid in self._waiting_smuids() if smuid not in dying]
+        waiting = [smuid for smuid in self._waiting_smuids() if smuid not in dying and smuid not in cleared]
         if self._done("deliveries", batch_id):
-            holders = self._recorded_holders(table, batch_id, picked)
+            holders = self._recorded_holders(table, batch_id, picked, cleared)
         else:
-            holders = self._decide_holders(table, out, records, picked, waiting)
+            holders = self._decide_holders(table, out, records, picked, waiting, cleared)
         chosen = {smuid for smuid, holder in holders.items() if holder is not None}
         self._waiting = len(holders) > len(chosen) or bool(set(waiting) - set(holders))
         dispatched = sorted(chosen - set(picked.column("smuid").to_pylist()))
-        messages = {row["smuid"]: row for row in self.stored_messages(dispatched).to_pylist()}
-        out["deliveries"], changed = _rehold(deliveries, picked, holders, messages, batch_id, routed_at)
+        unplaced = sorted(smuid for smuid in cleared if holders.get(smuid) is None)
+        messages = self._messages(out, dispatched + unplaced)
+        out["deliveries"], changed = _rehold(
+            deliveries, picked, holders, {s: messages[s] for s in dispatched if s in messages},
+            {s: messages[s] for s in unplaced if s in messages}, batch_id, routed_at)
         out["deliver"] = _redeliver(out["deliver"], holders, changed,
-                                    [_deliver_record(messages[smuid], holders[smuid]) for smuid in sorted(messages)])
+                                    [_deliver_record(messages[s], holders[s]) for s in dispatched if s in messages])
+
+    def _messages(self, out: dict[str, pa.Table], smuids: list[int]) -> dict[int, dict]:
+        """smuid → message row (``MESSAGES_TABLE`` columns) of ``smuids``: stored, or this batch's."""
+        new = out["messages"]
+        found = {row["smuid"]: row for row in new.filter(
+            pc.is_in(new.column("smuid"), pa.array(sorted(set(smuids)), pa.int64()))).to_pylist()}
+        stored = self.stored_messages(sorted(set(smuids) - set(found)))
+        return {**{row["smuid"]: row for row in stored.to_pylist()}, **found}
+
+    def _of_delivery_one(self, table: DeltaTable, keys: set[tuple[str, int]]) -> dict[int, str]:
+        """smuid → account of those ``keys`` (deliveries a SINCE clears in this batch) that are
+        DELIVERY ONE: such a message goes to another subscriber, it was meant for one of them."""
+        if not keys:
+            return {}
+        listed = ", ".join(str(int(smuid)) for smuid in sorted({s for _, s in keys}))
+        reader = QueryBuilder().register("deliveries", table).execute(
+            f"SELECT account, smuid FROM deliveries WHERE delivery = 'one' AND smuid IN ({listed})")
+        stored = pa.table(reader)
+        ones = {(a, s) for a, s in zip(stored.column("account").to_pylist(), stored.column("smuid").to_pylist())}
+        return {smuid: account for account, smuid in keys if (account, smuid) in ones}
 
     def _waiting_smuids(self) -> list[int]:
         """The messages waiting for a subscriber with room (``unrouted`` rows with status ``waiting``)."""
@@ -894,23 +932,25 @@ WHERE {alive}({matches})
             "SELECT smuid FROM unrouted WHERE status = 'waiting'")
         return sorted(set(pa.table(reader).column("smuid").to_pylist()))
 
-    def _recorded_holders(self, table: DeltaTable, batch_id: int, picked: pa.Table) -> dict[int, str | None]:
-        """A replay's holders: what this batch's committed deliveries say (a pick without a row waited)."""
+    def _recorded_holders(self, table: DeltaTable, batch_id: int, picked: pa.Table,
+                          cleared: dict[int, str]) -> dict[int, str | None]:
+        """A replay's holders: what this batch's committed deliveries say (a pick, or a message
+        ``cleared`` away from its holder, without a row waited)."""
         reader = QueryBuilder().register("deliveries", table).execute(
             "SELECT account, smuid FROM deliveries WHERE delivery = 'one' AND status = 'pending' AND account <> '' "
             f"AND routed_batch_id = {int(batch_id)}")
         recorded = pa.table(reader)
-        holders: dict[int, str | None] = {smuid: None for smuid in picked.column("smuid").to_pylist()}
+        holders: dict[int, str | None] = {smuid: None for smuid in picked.column("smuid").to_pylist() + list(cleared)}
         holders.update(zip(recorded.column("smuid").to_pylist(), recorded.column("account").to_pylist()))
         return holders
 
     def _decide_holders(self, table: DeltaTable, out: dict[str, pa.Table], records: pa.Table, picked: pa.Table,
-                        waiting: list[int]) -> dict[int, str | None]:
-        """:func:`dispatch.assign` over this batch's picks and the waiting messages."""
+                        waiting: list[int], cleared: dict[int, str]) -> dict[int, str | None]:
+        """:func:`dispatch.assign` over this batch's picks, the waiting messages and those a SINCE
+        ``cleared`` away from their holder (smuid → that account, which never gets it back)."""
         deliveries = out["deliveries"]
-        offers = {row["smuid"]: dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
-                                               _micros(row["accepted_at"]))
-                  for row in self.stored_messages(waiting).to_pylist()}
+        offers = {smuid: dispatch.Offer(smuid, row["topic"], row["priority"] or 0, _micros(row["accepted_at"]))
+                  for smuid, row in self._messages(out, waiting + sorted(cleared)).items()}
         accepted = _accepted_at(out["deliver"])
         for row in picked.to_pylist():
             offers[row["smuid"]] = dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
@@ -928,6 +968,7 @@ WHERE {alive}({matches})
             f"SELECT account, smuid FROM deliveries WHERE status = 'released' AND smuid IN ({listed})"))
         handed_on = set(zip(released.column("account").to_pylist(), released.column("smuid").to_pylist()))
         handed_on |= {key for key, status in settled.items() if status == "released"}
+        handed_on |= {(account, smuid) for smuid, account in cleared.items()}
         gone = frozenset(str(e.get("account")) for e in _events(records, "nack") if e.get("reason") == "disconnect")
         holdings = dispatch.Holdings(in_flight, frozenset(handed_on), gone)
         limit = self.topic_settings.resolve

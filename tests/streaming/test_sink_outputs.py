@@ -293,6 +293,22 @@ def test_a_released_delivery_one_message_waits_for_room_and_a_replay_sends_what_
     assert table_rows(sink, "unrouted") == [("", 1, "routed"), ("", 3, "waiting")]
 
 
+def test_a_delivery_one_message_a_since_clears_goes_to_another_subscriber(spark, tmp_path):
+    """SINCE clears the subscriber's pending messages; a DELIVERY ONE message was meant for one of
+    the topic's subscribers, so it goes to another one instead: stored ones (1, 2), and one routed
+    earlier in the SUBSCRIBE's own batch and withheld (10)."""
+    sink = work_queue_sink(tmp_path, max_in_flight=5)
+    first = run_limited(spark, sink, 0, [ev.Subscribe("ann", "ga", "/w", US0)] + jobs([1, 2]))
+    assert delivered(first) == [("ann", 1), ("ann", 2)]
+    second = run_limited(spark, sink, 1, jobs([10]) + [ev.Subscribe("bob", "gb", "/w", US0 + 20),
+                                                       ev.Subscribe("ann", "ga", "/w", US0 + 21, since=US0 + 15)],
+                         offset=10)
+    assert delivered(second) == [("bob", 1), ("bob", 2), ("bob", 10)]
+    rows = table_rows(sink, "deliveries")
+    assert [r for r in rows if r[0] == "ann"] == [("ann", 1, "cleared"), ("ann", 2, "cleared"), ("ann", 10, "cleared")]
+    assert [r for r in rows if r[0] == "bob"] == [("bob", 1, "pending"), ("bob", 2, "pending"), ("bob", 10, "pending")]
+
+
 def test_a_batch_of_only_ticks_and_gateway_control_events_has_nothing_to_route():
     """Logins' presence and topic registry events are the gateways' alone: a batch of only those (and
     the clock) runs no routing query; one that also holds a routed event (REMOVE TOPIC too) does."""
