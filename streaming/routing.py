@@ -1115,13 +1115,16 @@ FROM (SELECT DISTINCT smuid FROM {expiring} WHERE account = '') e
 JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
 WHERE lower(m.receipt) IN ('one', 'all') AND e.smuid NOT IN (SELECT smuid FROM {state})
   AND e.smuid NOT IN (SELECT smuid FROM {receipted})"""
+    expired_at_once = f"""SELECT e.account, e.smuid, 'expired' AS status, lower(m.receipt) AS receipt
+FROM {expiring} e JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
+WHERE e.is_new AND e.account <> ''"""
     return f"""{nobody}
 UNION ALL
 SELECT smuid, mode, acked, targeted FROM (
   SELECT s.smuid, max(s.receipt) AS mode,
          CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
          CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
-  FROM {state} s
+  FROM (SELECT account, smuid, status, receipt FROM {state} UNION ALL {expired_at_once}) s
   LEFT JOIN {acks} a ON a.account = s.account AND a.smuid = s.smuid
   LEFT JOIN (SELECT DISTINCT smuid FROM {expiring}) e ON e.smuid = s.smuid
   WHERE s.account <> '' AND s.receipt IN ('one', 'all') AND s.status <> 'released'
@@ -1143,6 +1146,8 @@ def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipt
     a message gets one receipt, ever.  A message that reached nobody (an :func:`expiring` row of
     account ``''``; ``messages``, ``MESSAGES_TABLE`` columns, says whether it asked for a receipt)
     gets ``0/0`` at its expiry; one a late subscriber took (:func:`late`) is answered like any other.
+    A delivery routed in this batch of a message already expired (an ``is_new`` :func:`expiring` row)
+    counts among the targeted: its message gets ``X/Y`` now, as from a later batch.
     """
     frames = {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted}
     if messages is not None:

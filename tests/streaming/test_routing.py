@@ -851,6 +851,7 @@ def test_a_subscribe_with_since_withholds_what_its_own_batch_routed_before_it(fr
         ("ann", 1, "pending", True), ("ann", 2, "pending", True), ("ann", 4, "pending", True),
         ("bob", 1, "cleared", True), ("bob", 2, "pending", True), ("bob", 3, "pending", True)]
 
+
 def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
     messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
                                             "all") for n, mode in ((1, "all"), (2, "one"), (3, "none"), (4, "all"))))
@@ -862,6 +863,18 @@ def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
     rows = routing.receipt_messages(due, messages, NOW).collect()
     assert sorted((r.account, r.receipt_for, r.headers[-1][1]) for r in rows) == [("alice", 1, "0/0"),
                                                                                 ("alice", 2, "0/0")]
+
+
+def test_a_message_routed_already_expired_gets_its_x_of_y_receipt_in_the_same_batch(frames):
+    """Routed in this batch to ann and bob (and stored for cat) but expired by the batch's clock: the
+    receipt counts the new deliveries among the targeted, at once."""
+    messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
+                                            "all") for n, mode in ((1, "all"), (2, "none"))))
+    state = frames.of(routing.RECEIPT_STATE, ("cat", 1, "acked", "all"))
+    expiring = frames.of(routing.EXPIRING, ("ann", 1, True), ("bob", 1, True), ("ann", 2, True))
+    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]))
+    due = routing.receipts_due(state, frames.of(ACKS), expiring, receipted, messages)
+    assert_df_equality(due, frames.of(routing.RECEIPTS_DUE, (1, "all", 1, 3)), ignore_nullable=True)
 
 
 # -- REMOVE TOPIC

@@ -339,6 +339,16 @@ def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(sp
     assert delivered(again) == []
 
 
+def test_a_message_routed_already_expired_gets_its_x_of_y_receipt_at_once(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/u", US0)])
+    out = run_batch(spark, sink, 1, [ev.Publish(1, "/u", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 5,
+                                                receipt="all"), ev.Tick(US0 + 10)], offset=10)
+    assert delivered(out) == [("alice", out["receipts"].column("receipt_smuid")[0].as_py())]  # never bob
+    assert [(r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in out["receipts"].to_pylist()] == [
+        (1, "all", 0, 1)]
+
+
 def test_a_message_that_reached_nobody_and_expires_in_its_own_batch_gets_a_0_of_0_receipt(spark, tmp_path):
     """RECEIPT ONE / ALL with nobody subscribed, already expired by the batch's clock: ``0/0`` goes
     to the publisher's account topic at once, as it would from a later batch."""
