@@ -72,7 +72,6 @@ from gateway.replies import (
     Reply,
 )
 from schemas.config import GatewayConfig
-from schemas.queue_params import QueueParameters
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH
 from gateway.scram import METHOD as SCRAM_METHOD
 from gateway.scram import Credentials, ScramError, ScramServer

@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 )
 
 from schemas.smuid import EPOCH_MS, JOB_NODE_ID, MAX_SEQUENCE, NODE_BITS, SEQUENCE_BITS
-from schemas.spark import COMMAND_EVENT, HEADERS, MESSAGES_TABLE, SECTION_JSON, TRASH_TABLE
+from schemas.spark import COMMAND_EVENT, HEADERS, MESSAGES_TABLE, SECTION_JSON
 
 #: Total order of commands within a batch (and across batches on one partition).
 SEQ = StructType([
