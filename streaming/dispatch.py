@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from schemas.topics import TopicPattern
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -45,11 +47,9 @@ class Subscriber:
     until: int | None = None
 
     def takes(self, offer: Offer) -> bool:
-        """Whether this subscription admits ``offer``: its pattern covers the topic (an exact topic, or
-        ``/a/*`` for everything under ``/a/``, as :func:`routing.candidate_patterns_sql`) and SINCE/UNTIL
-        admit its acceptance time."""
-        covered = (offer.topic.startswith(self.pattern[:-1]) if self.pattern.endswith("/*")
-                   else offer.topic == self.pattern)
+        """Whether this subscription admits ``offer``: its (canonical) pattern covers the topic and
+        SINCE/UNTIL admit its acceptance time."""
+        covered = TopicPattern(self.pattern, wildcard=self.pattern.endswith("/*")).matches(offer.topic)
         return (covered and (self.since is None or self.since <= offer.accepted_at)
                 and (self.until is None or offer.accepted_at < self.until))
 

@@ -111,14 +111,19 @@ def _empty(schema: StructType) -> str:
     return routing.empty_sql(schema)[1:-1]
 
 
+def _any_record(records: pa.Table, pattern: str) -> bool:
+    """Whether the value of any of the batch's records matches the regex ``pattern``."""
+    values = pc.cast(records.column("value"), pa.string())
+    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, pattern)).as_py()
+
+
 _ONE = re.compile(r'"delivery"\s*:\s*"one"')
 
 
 def has_delivery_one(records: pa.Table) -> bool:
     """Whether a record of the batch may be a DELIVERY ONE publish (a cheap over-approximation:
     a false positive only keeps the pick-one step in the plan)."""
-    values = pc.cast(records.column("value"), pa.string())
-    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _ONE.pattern)).as_py()
+    return _any_record(records, _ONE.pattern)
 
 
 _RECEIPT = re.compile(r'"receipt"\s*:\s*"(?i:one|all)"')
@@ -127,8 +132,7 @@ _RECEIPT = re.compile(r'"receipt"\s*:\s*"(?i:one|all)"')
 def asks_for_receipt(records: pa.Table) -> bool:
     """Whether a record of the batch may be a publish asking for a receipt (RECEIPT ONE / ALL; a cheap
     over-approximation: a false positive only keeps the receipt steps in the plan)."""
-    values = pc.cast(records.column("value"), pa.string())
-    return bool(records.num_rows) and pc.any(pc.match_substring_regex(values, _RECEIPT.pattern)).as_py()
+    return _any_record(records, _RECEIPT.pattern)
 
 
 def _ddl(kind: DataType) -> str:
@@ -373,10 +377,14 @@ def published_before_removal(records: pa.Table) -> list[int]:
     return sorted(found)
 
 
+#: Regex: an event's ``smuid`` field (a top-level one: quotes nested in strings are escaped).
+_SMUID_FIELD = r'"smuid"\s*:\s*(?P<n>\d+)'
+
+
 def acked_smuids(records: pa.Table) -> list[int]:
     """The smuids the batch's ACK records name (common: read by regex, not decoded)."""
     values = pc.cast(records.column("value"), pa.string()).filter(_is(records, "ack"))
-    numbers = pc.struct_field(pc.extract_regex(values, r'"smuid"\s*:\s*(?P<n>\d+)'), [0])
+    numbers = pc.struct_field(pc.extract_regex(values, _SMUID_FIELD), [0])
     return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
 
 
@@ -388,8 +396,7 @@ _ROUTED_TYPES = "|".join(sorted(cls.TYPE for cls in (Publish, Subscribe, Unsubsc
 def _nothing_to_route(records: pa.Table) -> bool:
     """True when no record of the batch is an event the job routes: only the clock moved (ticks), or
     only the gateways' control events came (a login's presence, a topic created …)."""
-    values = pc.cast(records.column("value"), pa.string())
-    return bool(records.num_rows) and not pc.any(pc.match_substring_regex(values, _of_type(f"({_ROUTED_TYPES})"))).as_py()
+    return bool(records.num_rows) and not _any_record(records, _of_type(f"({_ROUTED_TYPES})"))
 
 
 def _progress(records: pa.Table) -> list[dict]:
@@ -507,12 +514,9 @@ def _micros(value: datetime | int | None) -> int | None:
         value.replace(tzinfo=timezone.utc).timestamp() * 1_000_000)
 
 
-_SMUID_IN_RECORD = r'"smuid":(?P<n>\d+)'
-
-
 def _record_smuids(records: pa.Table) -> pa.Array:
     """The smuid of each Deliver/Acked record (a top-level field; nested quotes are escaped)."""
-    found = pc.struct_field(pc.extract_regex(records.column("value"), _SMUID_IN_RECORD), [0])
+    found = pc.struct_field(pc.extract_regex(records.column("value"), _SMUID_FIELD), [0])
     return pc.cast(found, pa.int64())
 
 
@@ -882,22 +886,25 @@ WHERE {alive}({matches})
         deliveries = out["deliveries"]
         picked = _picked_one(deliveries)
         withheld = _withheld_one(deliveries)
-        cleared_keys = {key for key, status in _settlements(deliveries).items() if status == "cleared"}
+        settled = _settlements(deliveries)
+        cleared_keys = {key for key, status in settled.items() if status == "cleared"}
         if not picked.num_rows and not withheld and not cleared_keys and self._waiting is False:
             return
         table = self._table("deliveries")
         cleared = {**self._of_delivery_one(table, cleared_keys), **withheld}
         dying = _settled_nobody(deliveries)
         waiting = [smuid for smuid in self._waiting_smuids() if smuid not in dying and smuid not in cleared]
+        picks = set(picked.column("smuid").to_pylist())
         if self._done("deliveries", batch_id):
             holders = self._recorded_holders(table, batch_id, picked, cleared)
+            messages = self._messages(out, sorted(set(holders) - picks))
         else:
-            holders = self._decide_holders(table, out, records, picked, waiting, cleared)
+            messages = self._messages(out, waiting + sorted(cleared))  # what may be dispatched or wait
+            holders = self._decide_holders(table, out, records, picked, messages, cleared, settled)
         chosen = {smuid for smuid, holder in holders.items() if holder is not None}
         self._waiting = len(holders) > len(chosen) or bool(set(waiting) - set(holders))
-        dispatched = sorted(chosen - set(picked.column("smuid").to_pylist()))
+        dispatched = sorted(chosen - picks)
         unplaced = sorted(smuid for smuid in cleared if holders.get(smuid) is None)
-        messages = self._messages(out, dispatched + unplaced)
         out["deliveries"], changed = _rehold(
             deliveries, picked, holders, {s: messages[s] for s in dispatched if s in messages},
             {s: messages[s] for s in unplaced if s in messages}, batch_id, routed_at)
@@ -945,19 +952,19 @@ WHERE {alive}({matches})
         return holders
 
     def _decide_holders(self, table: DeltaTable, out: dict[str, pa.Table], records: pa.Table, picked: pa.Table,
-                        waiting: list[int], cleared: dict[int, str]) -> dict[int, str | None]:
-        """:func:`dispatch.assign` over this batch's picks, the waiting messages and those a SINCE
-        ``cleared`` away from their holder (smuid → that account, which never gets it back)."""
-        deliveries = out["deliveries"]
+                        unpicked: dict[int, dict], cleared: dict[int, str],
+                        settled: dict[tuple[str, int], str]) -> dict[int, str | None]:
+        """:func:`dispatch.assign` over this batch's picks and the ``unpicked`` messages (smuid → its
+        row): those waiting and those a SINCE ``cleared`` away from their holder (smuid → that
+        account, which never gets it back); ``settled``: :func:`_settlements` of the batch."""
         offers = {smuid: dispatch.Offer(smuid, row["topic"], row["priority"] or 0, _micros(row["accepted_at"]))
-                  for smuid, row in self._messages(out, waiting + sorted(cleared)).items()}
+                  for smuid, row in unpicked.items()}
         accepted = _accepted_at(out["deliver"])
         for row in picked.to_pylist():
             offers[row["smuid"]] = dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
                                                   accepted.get(row["smuid"], 0), picked=row["account"])
         if not offers:
             return {}
-        settled = _settlements(deliveries)
         pending = pa.table(QueryBuilder().register("deliveries", table).execute(
             "SELECT account, smuid, topic FROM deliveries WHERE status = 'pending' AND delivery = 'one'"))
         in_flight = Counter((a, t) for a, s, t in zip(*(pending.column(c).to_pylist() for c in ("account", "smuid",
