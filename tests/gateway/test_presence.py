@@ -118,15 +118,20 @@ def test_nothing_is_handed_on_without_a_taker_here_nor_for_delivery_all(farm):
     assert handed_on(config, "ann", 301) == handed_on(config, "ann", 302) == []
 
 
+def logged_out(gateway, account: str, timeout: float = 10) -> None:
+    """Wait until ``account`` has no login left at ``gateway``."""
+    deadline = time.monotonic() + timeout
+    while gateway.gateway.sessions.get(account):
+        assert time.monotonic() < deadline, f"{account} still logged in"
+        time.sleep(0.05)
+
+
 def test_a_login_here_takes_over_what_is_locked_to_an_account_logged_in_nowhere(farm):
     """A ONE message locked to ann while nobody who could take it is logged in waits for ann;
     once cat (subscribed, logged out) logs in here, it is handed on."""
     config, gateway, write, bob = farm
     gateway.call(bob.close())
-    deadline = time.monotonic() + 10
-    while gateway.gateway.sessions.get("bob"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    logged_out(gateway, "bob")
     write(config.kafka.deliveries_topic, deliver("ann", 401))
     time.sleep(1.5)  # read, and nobody here could take it
     assert handed_on(config, "ann", 401) == []
@@ -138,7 +143,6 @@ def test_a_login_here_takes_over_what_is_locked_to_an_account_logged_in_nowhere(
         gateway.call(cat.close())
 
 
-
 def test_a_login_here_that_subscribes_takes_over_what_is_locked_to_an_account_logged_in_nowhere(farm):
     """dan is logged in but not subscribed when ann's message arrives (bob gone): it waits; once
     dan subscribes to its topic, it is handed on."""
@@ -146,10 +150,7 @@ def test_a_login_here_that_subscribes_takes_over_what_is_locked_to_an_account_lo
     gateway.call(bob.close())
     dan = gateway.call(SMQPClient.open(*gateway.address, "dan", "d"))
     try:
-        deadline = time.monotonic() + 10
-        while gateway.gateway.sessions.get("bob"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        logged_out(gateway, "bob")
         write(config.kafka.deliveries_topic, deliver("ann", 501))
         time.sleep(1.5)  # read, and nobody here could take it
         assert handed_on(config, "ann", 501) == []
