@@ -915,11 +915,13 @@ def delivery_updates_sql(deliveries: str, acks: str, batch_id: int, routed_at: d
        CASE WHEN d._withheld THEN 'cleared'
             WHEN {unguaranteed_sql("d.headers")} THEN 'sent'
             WHEN a.acked_at IS NOT NULL OR a.acked_guid IS NOT NULL THEN 'acked'
+            WHEN rt.dead THEN 'trashed'
             WHEN {_expired("d.expires_at", now)} THEN 'expired' ELSE 'pending' END AS status,
        {routed_at_sql} AS routed_at, {batch_sql} AS routed_batch_id,
-       a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, CAST(NULL AS INT) AS retries,
+       a.acked_at, a.acked_guid, {_micros_to_ts("d.expires_at")} AS expires_at, rt.retries,
        d.receipt, d.delivery, TRUE AS is_new
 FROM {deliveries} d LEFT JOIN {acks} a ON d.account = a.account AND d.smuid = a.smuid
+LEFT JOIN {retried} rt ON d.account = rt.account AND d.smuid = rt.smuid
 UNION ALL
 SELECT '' AS account, u.smuid, u.topic, u.priority,
        CASE WHEN {_expired("u.expires_at", now)} THEN 'expired' ELSE 'unrouted' END AS status,
@@ -945,7 +947,7 @@ SELECT r.account, r.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS p
        CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS STRING) AS acked_guid,
        CAST(NULL AS TIMESTAMP) AS expires_at, r.retries, CAST(NULL AS STRING) AS receipt,
        CAST(NULL AS STRING) AS delivery, FALSE AS is_new
-FROM {retried} r
+FROM {retried} r LEFT ANTI JOIN {deliveries} d ON r.account = d.account AND r.smuid = d.smuid
 UNION ALL
 SELECT x.account, x.smuid, CAST(NULL AS STRING) AS topic, CAST(NULL AS INT) AS priority, 'released' AS status,
        CAST(NULL AS TIMESTAMP) AS routed_at, CAST(NULL AS BIGINT) AS routed_batch_id,
@@ -1047,7 +1049,7 @@ def expired_records_sql(expiring: str, retried: str, released: str | None = None
     return f"""SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'expired')) AS value,
        CAST(NULL AS {_SEQ_DDL}) AS seq
-FROM {expiring} WHERE NOT is_new AND account <> ''
+FROM {expiring} WHERE account <> ''
 UNION ALL
 SELECT CAST(account AS BINARY) AS key,
        to_json(named_struct('type', 'acked', 'account', account, 'smuid', smuid, 'reason', 'max_retries')) AS value,
@@ -1067,9 +1069,10 @@ FROM {cleared}"""
 
 def expired_records(expiring: DataFrame, retried: DataFrame, released: DataFrame | None = None,
                     cleared: DataFrame | None = None) -> DataFrame:
-    """Stored deliveries that died unacknowledged → ``Acked`` records with the reason, so the
-    gateways withdraw them from their books and queues: those that expired (:func:`expiring`,
-    not ``is_new``: this batch's expired deliveries were never sent) and those out of retries
+    """Deliveries that died unacknowledged → ``Acked`` records with the reason, so the
+    gateways withdraw them from their books and queues: those that expired (:func:`expiring`;
+    this batch's expired deliveries the job never sends, but a gateway routing early may have
+    notified them) and those out of retries
     (:func:`retried`, ``dead``), DELIVERY ONE ones handed to another subscriber (:func:`released`),
     and those a new SINCE cleared (:func:`cleared`)."""
     frames = {"expiring": expiring, "retried": retried}
@@ -1106,10 +1109,13 @@ RECEIPT_MESSAGES = StructType(list(DELIVERIES.fields) + [
 ])
 
 
-def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str, messages: str | None = None) -> str:
-    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring``, ``receipted``
-    and ``messages`` (none when None)."""
+def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str, messages: str | None = None,
+                     routed: str | None = None) -> str:
+    """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring``, ``receipted``,
+    ``messages`` and ``routed`` (none when None)."""
     messages = messages or empty_sql(MESSAGES_TABLE)
+    routed_now = (f"UNION ALL SELECT account, smuid, 'pending' AS status, receipt FROM {routed} "
+                  "WHERE receipt IN ('one', 'all')" if routed else "")
     nobody = f"""SELECT e.smuid, lower(m.receipt) AS mode, 0 AS acked, 0 AS targeted
 FROM (SELECT DISTINCT smuid FROM {expiring} WHERE account = '') e
 JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
@@ -1124,7 +1130,7 @@ SELECT smuid, mode, acked, targeted FROM (
   SELECT s.smuid, max(s.receipt) AS mode,
          CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
          CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
-  FROM (SELECT account, smuid, status, receipt FROM {state} UNION ALL {expired_at_once}) s
+  FROM (SELECT account, smuid, status, receipt FROM {state} UNION ALL {expired_at_once} {routed_now}) s
   LEFT JOIN {acks} a ON a.account = s.account AND a.smuid = s.smuid
   LEFT JOIN (SELECT DISTINCT smuid FROM {expiring}) e ON e.smuid = s.smuid
   WHERE s.account <> '' AND s.receipt IN ('one', 'all') AND s.status <> 'released'
@@ -1134,7 +1140,7 @@ WHERE ((mode = 'one' AND acked >= 1) OR (mode = 'all' AND acked = targeted) OR e
 
 
 def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipted: DataFrame,
-                 messages: DataFrame | None = None) -> DataFrame:
+                 messages: DataFrame | None = None, routed: DataFrame | None = None) -> DataFrame:
     """The receipts this batch owes → :data:`RECEIPTS_DUE`.
 
     ``state`` holds every stored delivery (:data:`RECEIPT_STATE`) of the
@@ -1147,13 +1153,16 @@ def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipt
     account ``''``; ``messages``, ``MESSAGES_TABLE`` columns, says whether it asked for a receipt)
     gets ``0/0`` at its expiry; one a late subscriber took (:func:`late`) is answered like any other.
     A delivery routed in this batch of a message already expired (an ``is_new`` :func:`expiring` row)
-    counts among the targeted: its message gets ``X/Y`` now, as from a later batch.
+    counts among the targeted: its message gets ``X/Y`` now, as from a later batch.  So does one
+    routed in this batch and not expired (``routed``, :data:`DELIVERIES` rows, :func:`live`): its
+    subscriber may acknowledge it in the same batch, having been notified by a gateway routing early.
     """
     frames = {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted}
-    if messages is not None:
-        frames["messages"] = messages
+    optional = {"messages": messages, "routed": routed}
+    frames.update({name: frame for name, frame in optional.items() if frame is not None})
     return run_sql(receipts_due_sql("{state}", "{acks}", "{expiring}", "{receipted}",
-                                    "{messages}" if messages is not None else None), frames)
+                                    *("{%s}" % name if frame is not None else None
+                                      for name, frame in optional.items())), frames)
 
 
 def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:

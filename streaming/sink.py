@@ -202,12 +202,17 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
                      if new or stored else routing.empty_sql(routing.EXPIRING)[1:-1]),
+        "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
+        # the stored deliveries the NACKs name, and this batch's own: a gateway routing early may have
+        # notified one and seen its retry timeout pass before the job routed it
+        "retrying": ("SELECT * FROM {retrying} UNION ALL SELECT account, smuid, 'pending' AS status, "
+                     "CAST(NULL AS INT) AS retries, delivery FROM live") if retries else _empty(routing.RETRYING),
         "new_messages": routing.message_rows_sql("events", batch_id),
         "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
-        "released": (routing.released_sql("events", "{retrying}", "acks", "expiring", "intervals", "all_messages")
+        "released": (routing.released_sql("events", "retrying", "acks", "expiring", "intervals", "all_messages")
                      if retries else _empty(routing.RELEASED)),
         "reassigned": routing.reassigned_sql("released", "all_messages") if retries else _empty(routing.DELIVERIES),
-        "retried": (routing.retried_sql("events", "{retrying}", "acks", "expiring", "released") if retries
+        "retried": (routing.retried_sql("events", "retrying", "acks", "expiring", "released") if retries
                     else _empty(routing.RETRIED)),
         "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
                     if clearing else _empty(routing.CLEARED)),
@@ -217,11 +222,15 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                    else _empty(routing.NOBODY_UPDATES))
                   + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
                      if removing else ""),
-        "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        "out_expired": routing.expired_records_sql("expiring", "retried", "released", "cleared"),
-        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}", "all_messages")
+        # what SINCE withheld was never sent by the job, but a gateway routing early may have notified it
+        "out_expired": routing.expired_records_sql(
+            "expiring", "retried", "released",
+            "(SELECT account, smuid, seq FROM cleared UNION ALL SELECT account, smuid, seq FROM withheld)"
+            if clearing else "cleared"),
+        "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}", "all_messages",
+                                                  "live")
                          if receipts
                          else _empty(routing.RECEIPTS_DUE)),
         "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
@@ -1007,7 +1016,8 @@ WHERE {alive}({matches})
         now = batch_now(arrow_records)
         deliveries = self._table("deliveries")  # opened once for the batch's three reads of it
         pending = self.expiry_candidates(now, deliveries)
-        retrying = self.retry_candidates(deliveries, nacked_keys(arrow_records))
+        nacked = nacked_keys(arrow_records)
+        retrying = self.retry_candidates(deliveries, nacked)
         state = self.receipt_state(deliveries,
                                    sorted(set(acked_smuids(arrow_records)) | set(pending.column("smuid").to_pylist())))
         nobody = pc.equal(pending.column("account"), "")
@@ -1035,9 +1045,10 @@ WHERE {alive}({matches})
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
-        # a publish of the batch that reached nobody and expires at once is owed its 0/0 receipt now
-        receipts = state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
-        sql = batch_sql(batch_id, routed_at, now, expiry, retrying.num_rows > 0, receipts,
+        # a publish of the batch may be owed its receipt now: acknowledged in the batch (a gateway routed
+        # it early), or 0/0 when it reached nobody and expires at once
+        receipts = state.num_rows > 0 or bool(unreached) or asks_for_receipt(arrow_records)
+        sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts,
                         has_delivery_one(arrow_records), late,
                         clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
                         orphaned.num_rows > 0)

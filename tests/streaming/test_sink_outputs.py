@@ -118,7 +118,8 @@ def test_outputs_with_expiry_ticks_and_unrouted_messages(spark, tmp_path):
     ]
     assert_outputs_equal_the_public_transforms(
         spark, sink, commands,
-        {"progress": 1, "deliver": 2, "acked": 0, "expired": 0, "messages": 5, "trash": 2, "deliveries": 5,
+        # expired: bob's delivery of 1 is withdrawn from gateways (one routing early may have notified it)
+        {"progress": 1, "deliver": 2, "acked": 0, "expired": 1, "messages": 5, "trash": 2, "deliveries": 5,
          "subscriptions": 1, "receipts": 0})
     out = sink.outputs(spark.createDataFrame(
         [(None, c.to_bytes(), "cmd", 0, i, T0, 0) for i, c in enumerate(commands)], KAFKA_RECORD), 7, T0)
@@ -167,6 +168,11 @@ def run_batch(spark, sink, batch_id, commands, offset=0) -> dict:
 
 def delivered(out) -> list[tuple[str, int]]:
     return sorted((d.account, d.smuid) for d in map(ev.decode, out["deliver"].column("value").to_pylist()))
+
+
+def withdrawn(out) -> list[tuple[str, int, str]]:
+    """The ``Acked`` records of deliveries that died unacknowledged: (account, smuid, reason)."""
+    return sorted((a.account, a.smuid, a.reason) for a in map(ev.decode, out["expired"].column("value").to_pylist()))
 
 
 def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp_path):
@@ -332,6 +338,8 @@ def test_a_subscribe_with_since_clears_what_its_own_batch_routed_to_it_before(sp
                                      ev.Subscribe("bob", "gb", "/t/*", US0 + 5, since=US0 + 2),
                                      ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 6)], offset=10)
     assert delivered(out) == [("bob", 2)]
+    # a gateway routing early may have notified it: it is withdrawn there
+    assert withdrawn(out) == [("bob", 1, "cleared")]
     rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
     assert sorted((r["smuid"], r["status"]) for r in rows) == [(1, "cleared"), (2, "pending")]
     # the next SUBSCRIBE of bob's (a new pattern) does not bring it back
@@ -345,8 +353,29 @@ def test_a_message_routed_already_expired_gets_its_x_of_y_receipt_at_once(spark,
     out = run_batch(spark, sink, 1, [ev.Publish(1, "/u", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 5,
                                                 receipt="all"), ev.Tick(US0 + 10)], offset=10)
     assert delivered(out) == [("alice", out["receipts"].column("receipt_smuid")[0].as_py())]  # never bob
+    assert withdrawn(out) == [("bob", 1, "expired")]  # from a gateway that routed it early
     assert [(r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in out["receipts"].to_pylist()] == [
         (1, "all", 0, 1)]
+
+
+def test_a_message_acknowledged_in_the_batch_that_routes_it_is_recorded_acked_and_gets_its_receipt(
+        spark, tmp_path):
+    """A gateway routing early lets bob acknowledge a message before the job has routed it: the
+    batch holding both records the delivery ``acked``, answers the ACK and owes the receipt now."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/u", US0), ev.Subscribe("cat", "gc", "/u", US0)])
+    out = run_batch(spark, sink, 1, [
+        ev.Publish(1, "/u", "c1", "alice", "ga", US0 + 1, expires_at=US0 + 10**9, receipt="all"),
+        ev.Publish(2, "/u", "c2", "alice", "ga", US0 + 2, expires_at=US0 + 10**9, receipt="one"),
+        ev.Ack("bob", "gb", 1, US0 + 3), ev.Ack("bob", "gb", 2, US0 + 4)], offset=10)
+    assert sorted((a.account, a.smuid) for a in map(ev.decode, out["acked"].column("value").to_pylist())) == [
+        ("bob", 1), ("bob", 2)]
+    rows = DeltaTable(sink.config.table_path("deliveries")).to_pyarrow_table().to_pylist()
+    assert sorted((r["account"], r["smuid"], r["status"]) for r in rows if r["account"] != "alice") == [
+        ("bob", 1, "acked"), ("bob", 2, "acked"), ("cat", 1, "pending"), ("cat", 2, "pending")]
+    # RECEIPT ONE is due at bob's ACK; RECEIPT ALL waits for cat's
+    assert [(r["smuid"], r["mode"], r["acked"], r["targeted"]) for r in out["receipts"].to_pylist()] == [
+        (2, "one", 1, 2)]
 
 
 def test_a_message_that_reached_nobody_and_expires_in_its_own_batch_gets_a_0_of_0_receipt(spark, tmp_path):
