@@ -16,15 +16,26 @@ emit a delivery that is already acknowledged.  Until the job's ``Acked`` for
 it arrives (always after any replay, on the same partition), such a delivery
 is ignored — this is what keeps Property 3 (never notified again after the
 two-phase ACK) across job restarts.
+
+The gateway also routes DELIVERY ALL messages itself, from the commands log it
+folds, to NOTIFY without waiting for the job (``Gateway._route_early``).  Such a
+delivery enters the book through :meth:`DeliveryBook.speculate`; the job's own
+``Deliver`` of it then finds it pending (or acknowledged) and is ignored.  An
+ACK is remembered even when its delivery is not pending here: the job may not
+have routed the message yet, and its ``Deliver`` must not bring it back.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Callable
 
 from schemas.events import Acked, Deliver, Progress
+
+#: How many deliveries the job confirmed (``Acked``) the book keeps in mind, so that routing a message
+#: early from a fold lagging behind the job cannot bring back what the job settled a moment ago.
+CONFIRMED_MEMORY = 16384
 
 
 def _order(deliver: Deliver) -> tuple[int, int]:
@@ -116,6 +127,7 @@ class DeliveryBook:
     def __init__(self) -> None:
         self._pending: dict[str, dict[int, Deliver]] = defaultdict(dict)
         self._acked_unconfirmed: set[tuple[str, int]] = set()
+        self._confirmed: OrderedDict[tuple[str, int], None] = OrderedDict()  # the latest Acked keys, oldest first
         self.commands_offsets: dict[str, int] = {}
         self.sizes = QueueSizes()
 
@@ -132,20 +144,29 @@ class DeliveryBook:
         if isinstance(event, Acked):
             self._settled(self._pending[event.account].pop(event.smuid, None))
             self._acked_unconfirmed.discard((event.account, event.smuid))
+            self._confirmed[(event.account, event.smuid)] = None
+            if len(self._confirmed) > CONFIRMED_MEMORY:
+                self._confirmed.popitem(last=False)
         elif isinstance(event, Progress):
             self.commands_offsets.update(event.commands_offsets)
         return None
 
+    def speculate(self, deliver: Deliver) -> Deliver | None:
+        """A delivery this gateway routed itself, ahead of the job: new to the book unless the job's
+        ``Deliver`` came first, it was acknowledged, or the job confirmed it lately."""
+        if (deliver.account, deliver.smuid) in self._confirmed:
+            return None
+        return self.apply(deliver)
+
     def acknowledged(self, account: str, smuid: int) -> None:
         """A login's 310 ACK is durable in Kafka: logins that start from now on skip it.
 
-        Remembered until the job's ``Acked`` arrives; a delivery no longer pending
-        was settled already (by another login, or confirmed by the job).
+        Remembered until the job's ``Acked`` arrives (the job answers every ACK with one), even
+        when the delivery is not pending here: settled already by another login, or routed early
+        by a gateway before the job's ``Deliver`` of it came.
         """
-        settled = self._pending[account].pop(smuid, None)
-        if settled is not None:
-            self._settled(settled)
-            self._acked_unconfirmed.add((account, smuid))
+        self._settled(self._pending[account].pop(smuid, None))
+        self._acked_unconfirmed.add((account, smuid))
 
     def _settled(self, deliver: Deliver | None) -> None:
         if deliver is not None:

@@ -36,7 +36,7 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
-from schemas.topics import ancestors, covers, is_account_topic, parent, parse_pattern
+from schemas.topics import account_topic_owner, ancestors, covers, is_account_topic, parent, parse_pattern
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"
@@ -102,6 +102,8 @@ class Registry:
     profiles: dict[str, dict[str, str]] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)
     applied: int = -1  # the last partition-0 offset folded
+    # pattern -> the accounts subscribed to it: the index :meth:`recipients` looks candidates up in
+    _by_pattern: dict[str, set[str]] = field(default_factory=dict)
     _expected: set[str] = field(default_factory=set)
     _outcomes: dict[str, Reply] = field(default_factory=dict)
 
@@ -222,6 +224,7 @@ class Registry:
         before = self._counts_touched(event.pattern)
         self.subscriptions.setdefault(event.account, {})[event.pattern] = Subscription(
             event.pattern, event.since, event.until)
+        self._by_pattern.setdefault(event.pattern, set()).add(event.account)
         pattern = parse_pattern(event.pattern)
         lines = sorted(self.matching(pattern.text)) if pattern.wildcard else [event.pattern]
         return Reply.ok(*lines), self._count_changes(before)
@@ -232,6 +235,10 @@ class Registry:
         before = {t: n for p in ended for t, n in self._counts_touched(p).items()}
         for pattern in ended:
             del mine[pattern]
+            accounts = self._by_pattern.get(pattern, set())
+            accounts.discard(event.account)
+            if not accounts:
+                self._by_pattern.pop(pattern, None)
         lines = [f"MESSAGE {p}" for p in ended]
         if event.everything:
             lines += self._end_watches(event.account, TOPIC_WATCH, "/*")
@@ -356,9 +363,28 @@ class Registry:
         """Whether ``account`` could be handed a DELIVERY ONE message of ``topic`` accepted at
         ``accepted_at`` (microseconds): a subscription of its covers the topic and its SINCE/UNTIL
         admit the message — the subscribers the job picks from when it hands one on."""
-        return any(parse_pattern(s.pattern).matches(topic)
-                   and (s.since is None or s.since <= accepted_at) and (s.until is None or accepted_at < s.until)
+        return any(parse_pattern(s.pattern).matches(topic) and self._admitted(s, accepted_at)
                    for s in self.subscriptions.get(account, {}).values())
+
+    def recipients(self, topic: str, accepted_at: int) -> list[str]:
+        """The accounts the job routes a DELIVERY ALL message of canonical ``topic`` accepted at
+        ``accepted_at`` (microseconds) to, as far as the fold has got: each account whose
+        subscription covers the topic with SINCE/UNTIL admitting the message, and the owner of an
+        account topic (``streaming.routing.route``'s rule, looked up by the same candidate
+        patterns: the topic itself and the wildcard of each proper ancestor)."""
+        candidates = [topic] + [f"{ancestor}/*" for ancestor in ancestors(topic)]
+        reached = {account for pattern in candidates for account in self._by_pattern.get(pattern, ())
+                   if self._admitted(self.subscriptions[account][pattern], accepted_at)}
+        owner = account_topic_owner(topic)
+        if owner:
+            reached.add(owner)
+        return sorted(reached)
+
+    @staticmethod
+    def _admitted(subscription: Subscription, accepted_at: int) -> bool:
+        """Whether ``subscription``'s SINCE/UNTIL admit a message accepted at ``accepted_at``."""
+        return ((subscription.since is None or subscription.since <= accepted_at)
+                and (subscription.until is None or accepted_at < subscription.until))
 
     def account_subscriptions(self, account: str) -> list[Subscription]:
         return sorted(self.subscriptions.get(account, {}).values(), key=lambda s: s.pattern)

@@ -84,6 +84,14 @@ def account_topic(account: str) -> str:
     return f"{ACCOUNTS_ROOT}/{account.lower()}"
 
 
+def account_topic_owner(topic: str) -> str | None:
+    """The account owning canonical ``topic`` when it is ``/accounts/<name>``, in lower case; else None
+    (descendants of an account topic are nobody's).  The job's rule in SQL is
+    ``streaming.routing.account_topic_owner_sql``."""
+    head, _, name = topic.lower().rpartition("/")
+    return name if head == ACCOUNTS_ROOT and name else None
+
+
 def covers(ending: str, pattern: str) -> bool:
     """True when UNSUBSCRIBE ``ending`` ends the subscription ``pattern``.
 

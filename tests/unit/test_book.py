@@ -81,3 +81,32 @@ def test_a_withdrawn_delivery_is_never_notified_and_leaves_the_account_pending_s
     queue.discard(99)  # not queued: nothing happens
     assert drain(queue) == [1, 3]
     assert book.pending_count("bob") == 2
+
+
+def test_a_delivery_routed_early_is_notified_once_whichever_copy_comes_first():
+    """The gateway's own routing and the job's Deliver of the same message are one delivery."""
+    book = DeliveryBook()
+    assert book.speculate(deliver(1)) is not None
+    assert book.apply(deliver(1)) is None
+    assert book.apply(deliver(2)) is not None
+    assert book.speculate(deliver(2)) is None
+    assert drain(book.queue_for_login("bob")) == [1, 2]
+
+
+def test_an_ack_of_a_message_the_job_has_not_routed_yet_keeps_its_deliver_away():
+    """Read back at a gateway's start: bob acknowledged an early NOTIFY before the job routed it."""
+    book = DeliveryBook()
+    book.acknowledged("bob", 1)
+    assert book.apply(deliver(1)) is None
+    book.apply(Acked("bob", 1))
+    assert book.pending_count("bob") == 0
+
+
+def test_what_the_job_confirmed_lately_is_not_routed_early_again():
+    """A fold lagging behind the job must not bring back a delivery the job settled."""
+    book = DeliveryBook()
+    book.apply(deliver(1))
+    book.acknowledged("bob", 1)
+    book.apply(Acked("bob", 1))
+    assert book.speculate(deliver(1)) is None
+    assert book.pending_count("bob") == 0

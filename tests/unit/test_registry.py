@@ -112,3 +112,20 @@ def test_login_settings_and_server_timeout():
                          SetServerTimeout("r", "00:00:05:00", 0)])
     assert reg.passwords == {"alice": "hash"} and reg.profiles == {"alice": {"email": "a@b"}}
     assert changes == [ServerTimeoutChanged("00:00:05:00")] and reg.server_timeout == "00:00:05:00"
+
+
+def test_recipients_are_the_accounts_the_job_routes_a_delivery_all_message_to():
+    """Exact and wildcard patterns of ancestors (never of the topic itself, never of a sibling
+    prefix), SINCE/UNTIL around the acceptance time, the account topic's owner, and nobody once
+    unsubscribed (a wildcard UNSUBSCRIBE ends what it covers)."""
+    target = registry()
+    fold(target, [Subscribe("alice", "g", "/a/b", 0), Subscribe("bob", "g", "/a/*", 0),
+                  Subscribe("carol", "g", "/a/b/*", 0), Subscribe("dan", "g", "/ab/*", 0),
+                  Subscribe("erin", "g", "/a/b", 0, since=100, until=200)])
+    assert target.recipients("/a/b", 150) == ["alice", "bob", "erin"]
+    assert target.recipients("/a/b", 99) == target.recipients("/a/b", 200) == ["alice", "bob"]
+    assert target.recipients("/a/b/c", 150) == ["bob", "carol"]
+    assert target.recipients("/accounts/Dan", 0) == ["dan"]
+    assert target.recipients("/accounts/dan/inbox", 0) == []
+    fold(target, [Unsubscribe("bob", "g", "/a/*", 0), Unsubscribe("erin", "g", "/a/b", 0)])
+    assert target.recipients("/a/b", 150) == ["alice"]
