@@ -151,7 +151,10 @@ def read_acks_since(config: KafkaConfig, offsets: dict[str, int], timeout: float
 
 
 #: Record prefixes of the commands the registry does not fold (skipped undecoded).
-_NOT_CONTROL = (b'{"type":"publish"', b'{"type":"ack"', b'{"type":"tick"')
+_NOT_CONTROL = (b'{"type":"ack"', b'{"type":"tick"')
+
+#: The prefix of a publish: handed on undecoded, for the gateway to route early (or not) itself.
+_PUBLISH = b'{"type":"publish"'
 
 
 class _Tail:
@@ -220,9 +223,10 @@ def _decoded(raw: bytes, what: str):
 class ControlTail(_Tail):
     """Folds commands partition 0 from its start into the gateway's registry.
 
-    Batches are ``[(offset, event | None), …]`` (None for records the registry
-    skips: publishes, acks, undecodable ones), so the loop always knows how far
-    the fold got, skipped records included.
+    Batches are ``[(offset, event | bytes | None), …]``: a publish as its raw
+    record value (decoded only when the gateway routes it early), None for records
+    the registry skips (acks, ticks, undecodable ones), so the loop always knows
+    how far the fold got, skipped records included.
     """
 
     name = "control-tail"
@@ -232,6 +236,8 @@ class ControlTail(_Tail):
         return [TopicPartition(self._config.commands_topic, 0)]
 
     def _convert(self, record):
+        if record.value.startswith(_PUBLISH):
+            return record.offset, record.value
         skipped = record.value.startswith(_NOT_CONTROL)
         return record.offset, None if skipped else _decoded(record.value, "commands")
 

@@ -26,7 +26,9 @@ dashboard aggregates the gateways' pages with it).
 * ``smqp_gateway_buffered_bytes`` / ``smqp_gateway_buffered_bytes_peak`` — bytes held for
   clients that have not read them (now, and the most one connection held);
   ``smqp_gateway_slow_clients_closed_total{reason}`` — clients closed for not reading
-  (``stalled``, ``overflow``).
+  (``stalled``, ``overflow``);
+* ``smqp_gateway_routed_early_total`` — deliveries this gateway routed itself from
+  the commands log, ahead of the job (``[gateway] route_early``).
 
 Command verbs are counted through the session's ``on_command`` hook, so the
 protocol module itself stays free of metrics.
@@ -292,6 +294,9 @@ class GatewayMetrics:
             "smqp_gateway_slow_clients_closed_total",
             "Clients closed for not reading what they were sent: stalled (over half of max_buffered_bytes "
             "for stalled_client_timeout_s) or overflow (a notification would pass max_buffered_bytes).", ("reason",))
+        self.routed_early = Counter(
+            "smqp_gateway_routed_early_total",
+            "Deliveries this gateway routed itself from the commands log, ahead of the job's micro-batch.")
         self.buffered_peak = 0  # the most bytes one connection has held unread, since start
         self._gateway = gateway
 
@@ -356,6 +361,7 @@ class GatewayMetrics:
             Gauge("smqp_gateway_buffered_bytes_peak", "The most bytes one connection has held unread, since start.",
                   lambda: self.buffered_peak),
             self.slow_clients_closed,
+            self.routed_early,
         ]
 
     def render(self) -> str:

@@ -62,12 +62,13 @@ from gateway.protocol import (
     render_server_timeout_notify,
     render_subscribers_notify,
     render_topic_notify,
+    to_micros,
 )
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync
+from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -566,6 +567,8 @@ class Gateway:
         # DELIVERY ONE messages are handed on only once the book and the presence map are complete
         # (set at the end of start): a half-read map would make every account look logged out
         self.handing_on = False
+        # route DELIVERY ALL messages from the fold, ahead of the job (:meth:`_route_early`)
+        self.routes_early = config.gateway.route_early and config.kafka.commands_partitions == 1
         # per account logged in nowhere, the smuids this gateway NACKed away from it: once each
         self.handed_on: dict[str, set[int]] = defaultdict(set)  # (an account's entry goes once empty)
         self.stopping = False
@@ -683,6 +686,10 @@ class Gateway:
         """Fold partition-0 records; tell watchers connected here (live changes only, not the replay)."""
         live = self.control.ready.is_set()
         for offset, event in records:
+            if isinstance(event, bytes):  # a publish
+                self.registry.apply(None, offset)
+                self._route_early(offset, event)
+                continue
             changes = self.registry.apply(event, offset)
             if live:
                 for change in changes:
@@ -738,6 +745,39 @@ class Gateway:
             for connection in self.sessions.get(account, ()):
                 connection.notify(frame)
 
+    def _route_early(self, offset: int, raw: bytes) -> None:
+        """NOTIFY a DELIVERY ALL message as soon as its publish is folded, ahead of the job.
+
+        The fold has then seen exactly the subscriptions that precede the publish in the log,
+        the order the job routes by, so :meth:`Registry.recipients` names the accounts the job
+        will route it to; the job's ``Deliver`` of it then finds it in the book and is ignored.
+        Only once the book is complete (``handing_on``), only for publishes the job has not
+        committed (past its progress), and only with one commands partition, which keeps each
+        ACK after its publish in the job's input.  Messages already expired, and DELIVERY ONE
+        (the job picks the subscriber), are left to the job."""
+        if not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0):
+            return
+        try:
+            publish = decode(raw)
+        except (ValueError, TypeError, KeyError):
+            return  # the job skips it too
+        if publish.delivery != "all" or (publish.expires_at is not None and publish.expires_at <= to_micros(
+                datetime.now(timezone.utc))):
+            return
+        for account in self.registry.recipients(publish.topic, publish.accepted_at):
+            deliver = self.book.speculate(Deliver(
+                account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
+                publish.accepted_at, publish.priority, publish.headers, publish.sections))
+            if deliver is not None:
+                self.metrics.routed_early.inc()
+                self._offer(deliver)
+
+    def _offer(self, deliver: Deliver) -> None:
+        """Queue a delivery new to the book at every login of its account here."""
+        for connection in self.sessions.get(deliver.account, ()):
+            connection.queue.push(deliver)
+            connection.send_next()
+
     # -- deliveries
 
     def _on_deliveries(self, events: list) -> None:
@@ -747,9 +787,7 @@ class Gateway:
                 # routed to a subscriber logged in at no gateway: hand it on if someone here can take it
                 self._hand_on(deliver)
             elif deliver is not None:
-                for connection in self.sessions.get(deliver.account, ()):
-                    connection.queue.push(deliver)
-                    connection.send_next()
+                self._offer(deliver)
             elif isinstance(event, Acked):
                 self._settled_hand_on(event.account, event.smuid)
                 if event.reason != "acked":

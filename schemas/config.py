@@ -59,6 +59,10 @@ class GatewayConfig:
     stalled_client_timeout_s: float = 30.0  # a client past half of max_buffered_bytes this long is closed
     # SET NOTIFY WINDOW (extension): the most guaranteed NOTIFYs one login may ask to have awaiting ACK
     max_notify_window: int = 1000
+    # NOTIFY a DELIVERY ALL message as soon as this gateway has folded its publish from the commands log,
+    # routing it by the same rule the job applies, instead of waiting for the job's micro-batch; the job
+    # still records every delivery.  Takes effect with one commands partition only.
+    route_early: bool = True
 
     def __post_init__(self) -> None:
         if self.max_notify_window < 1:
