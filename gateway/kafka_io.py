@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaTimeoutError
@@ -157,6 +157,13 @@ _NOT_CONTROL = (b'{"type":"ack"', b'{"type":"tick"')
 _PUBLISH = b'{"type":"publish"'
 
 
+class RawPublish(NamedTuple):
+    """A publish record as the control tail read it: its key (the canonical topic) and its value."""
+
+    topic: str
+    value: bytes
+
+
 class _Tail:
     """A thread reading some partitions from their start, handing each polled batch to the loop.
 
@@ -223,8 +230,8 @@ def _decoded(raw: bytes, what: str):
 class ControlTail(_Tail):
     """Folds commands partition 0 from its start into the gateway's registry.
 
-    Batches are ``[(offset, event | bytes | None), …]``: a publish as its raw
-    record value (decoded only when the gateway routes it early), None for records
+    Batches are ``[(offset, event | RawPublish | None), …]``: a publish as its raw
+    record (decoded only when the gateway routes it early), None for records
     the registry skips (acks, ticks, undecodable ones), so the loop always knows
     how far the fold got, skipped records included.
     """
@@ -237,7 +244,7 @@ class ControlTail(_Tail):
 
     def _convert(self, record):
         if record.value.startswith(_PUBLISH):
-            return record.offset, record.value
+            return record.offset, RawPublish((record.key or b"").decode("utf-8", "replace"), record.value)
         skipped = record.value.startswith(_NOT_CONTROL)
         return record.offset, None if skipped else _decoded(record.value, "commands")
 

@@ -64,6 +64,12 @@ class Subscription:
     until: int | None = None
 
 
+def _candidate_patterns(topic: str) -> list[str]:
+    """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
+    proper ancestor (``streaming.routing.candidate_patterns_sql``, the job's form)."""
+    return [topic] + [f"{ancestor}/*" for ancestor in ancestors(topic)]
+
+
 @dataclass(frozen=True)
 class TopicChanged:
     """NOTIFY TOPIC ``topic`` with ``Action: <action>``."""
@@ -366,14 +372,19 @@ class Registry:
         return any(parse_pattern(s.pattern).matches(topic) and self._admitted(s, accepted_at)
                    for s in self.subscriptions.get(account, {}).values())
 
+    def may_reach(self, topic: str) -> bool:
+        """Whether a message of canonical ``topic`` may have recipients (:meth:`recipients` before
+        SINCE/UNTIL): the cheap test a publish passes before it is decoded."""
+        return (any(pattern in self._by_pattern for pattern in _candidate_patterns(topic))
+                or account_topic_owner(topic) is not None)
+
     def recipients(self, topic: str, accepted_at: int) -> list[str]:
         """The accounts the job routes a DELIVERY ALL message of canonical ``topic`` accepted at
         ``accepted_at`` (microseconds) to, as far as the fold has got: each account whose
         subscription covers the topic with SINCE/UNTIL admitting the message, and the owner of an
         account topic (``streaming.routing.route``'s rule, looked up by the same candidate
         patterns: the topic itself and the wildcard of each proper ancestor)."""
-        candidates = [topic] + [f"{ancestor}/*" for ancestor in ancestors(topic)]
-        reached = {account for pattern in candidates for account in self._by_pattern.get(pattern, ())
+        reached = {account for pattern in _candidate_patterns(topic) for account in self._by_pattern.get(pattern, ())
                    if self._admitted(self.subscriptions[account][pattern], accepted_at)}
         owner = account_topic_owner(topic)
         if owner:

@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
-from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, read_acks_since
+from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, RawPublish, read_acks_since
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.presence import Arrived, Left, PresenceMap
@@ -686,7 +686,7 @@ class Gateway:
         """Fold partition-0 records; tell watchers connected here (live changes only, not the replay)."""
         live = self.control.ready.is_set()
         for offset, event in records:
-            if isinstance(event, bytes):  # a publish
+            if isinstance(event, RawPublish):
                 self.registry.apply(None, offset)
                 self._route_early(offset, event)
                 continue
@@ -745,7 +745,7 @@ class Gateway:
             for connection in self.sessions.get(account, ()):
                 connection.notify(frame)
 
-    def _route_early(self, offset: int, raw: bytes) -> None:
+    def _route_early(self, offset: int, raw: RawPublish) -> None:
         """NOTIFY a DELIVERY ALL message as soon as its publish is folded, ahead of the job.
 
         The fold has then seen exactly the subscriptions that precede the publish in the log,
@@ -755,10 +755,11 @@ class Gateway:
         committed (past its progress), and only with one commands partition, which keeps each
         ACK after its publish in the job's input.  Messages already expired, and DELIVERY ONE
         (the job picks the subscriber), are left to the job."""
-        if not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0):
+        if (not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0)
+                or not self.registry.may_reach(raw.topic)):  # most publishes: decoded by nobody here
             return
         try:
-            publish = decode(raw)
+            publish = decode(raw.value)
         except (ValueError, TypeError, KeyError):
             return  # the job skips it too
         if publish.delivery != "all" or (publish.expires_at is not None and publish.expires_at <= to_micros(

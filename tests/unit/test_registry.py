@@ -127,5 +127,7 @@ def test_recipients_are_the_accounts_the_job_routes_a_delivery_all_message_to():
     assert target.recipients("/a/b/c", 150) == ["bob", "carol"]
     assert target.recipients("/accounts/Dan", 0) == ["dan"]
     assert target.recipients("/accounts/dan/inbox", 0) == []
+    assert target.may_reach("/a/b/c") and target.may_reach("/accounts/dan") and not target.may_reach("/ab")
     fold(target, [Unsubscribe("bob", "g", "/a/*", 0), Unsubscribe("erin", "g", "/a/b", 0)])
     assert target.recipients("/a/b", 150) == ["alice"]
+    assert not target.may_reach("/a/c")
