@@ -1114,23 +1114,20 @@ def receipts_due_sql(state: str, acks: str, expiring: str, receipted: str, messa
     """SQL of :func:`receipts_due` over the relations ``state``, ``acks``, ``expiring``, ``receipted``,
     ``messages`` and ``routed`` (none when None)."""
     messages = messages or empty_sql(MESSAGES_TABLE)
-    routed_now = (f"UNION ALL SELECT account, smuid, 'pending' AS status, receipt FROM {routed} "
-                  "WHERE receipt IN ('one', 'all')" if routed else "")
+    routed = routed or empty_sql(DELIVERIES)
     nobody = f"""SELECT e.smuid, lower(m.receipt) AS mode, 0 AS acked, 0 AS targeted
 FROM (SELECT DISTINCT smuid FROM {expiring} WHERE account = '') e
 JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
 WHERE lower(m.receipt) IN ('one', 'all') AND e.smuid NOT IN (SELECT smuid FROM {state})
   AND e.smuid NOT IN (SELECT smuid FROM {receipted})"""
-    expired_at_once = f"""SELECT e.account, e.smuid, 'expired' AS status, lower(m.receipt) AS receipt
-FROM {expiring} e JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = e.smuid
-WHERE e.is_new AND e.account <> ''"""
     return f"""{nobody}
 UNION ALL
 SELECT smuid, mode, acked, targeted FROM (
   SELECT s.smuid, max(s.receipt) AS mode,
          CAST(count_if(s.status = 'acked' OR a.account IS NOT NULL) AS INT) AS acked,
          CAST(count(1) AS INT) AS targeted, bool_or(e.smuid IS NOT NULL) AS expiring
-  FROM (SELECT account, smuid, status, receipt FROM {state} UNION ALL {expired_at_once} {routed_now}) s
+  FROM (SELECT account, smuid, status, receipt FROM {state}
+        UNION ALL SELECT account, smuid, 'pending' AS status, receipt FROM {routed}) s
   LEFT JOIN {acks} a ON a.account = s.account AND a.smuid = s.smuid
   LEFT JOIN (SELECT DISTINCT smuid FROM {expiring}) e ON e.smuid = s.smuid
   WHERE s.account <> '' AND s.receipt IN ('one', 'all') AND s.status <> 'released'
@@ -1152,10 +1149,9 @@ def receipts_due(state: DataFrame, acks: DataFrame, expiring: DataFrame, receipt
     a message gets one receipt, ever.  A message that reached nobody (an :func:`expiring` row of
     account ``''``; ``messages``, ``MESSAGES_TABLE`` columns, says whether it asked for a receipt)
     gets ``0/0`` at its expiry; one a late subscriber took (:func:`late`) is answered like any other.
-    A delivery routed in this batch of a message already expired (an ``is_new`` :func:`expiring` row)
-    counts among the targeted: its message gets ``X/Y`` now, as from a later batch.  So does one
-    routed in this batch and not expired (``routed``, :data:`DELIVERIES` rows, :func:`live`): its
-    subscriber may acknowledge it in the same batch, having been notified by a gateway routing early.
+    This batch's deliveries (``routed``, :data:`DELIVERIES`) count among the targeted too: a message
+    already expired when routed gets its ``X/Y`` now, as from a later batch, and a subscriber may
+    acknowledge a message in the batch that routes it, having been notified by a gateway routing early.
     """
     frames = {"state": state, "acks": acks, "expiring": expiring, "receipted": receipted}
     optional = {"messages": messages, "routed": routed}

@@ -43,7 +43,7 @@ from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, Lo
                                StructType)
 
 from schemas.config import SMQPConfig
-from schemas.events import Ack, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
+from schemas.events import Ack, Acked, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
 from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
@@ -156,7 +156,7 @@ def _as_struct(kind: StructType) -> str:
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
               retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
-              clearing: bool = False, removing: bool = False) -> str:
+              clearing: bool = False, removing: bool = False, releases: bool = True) -> str:
     """The whole batch but its progress as one query over the relations ``{decoded}`` (the batch's
     records, :func:`decode_records`), ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`routing.PENDING`), ``{retrying}`` (the stored
@@ -172,7 +172,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     routed in this batch, and whether a stored one, can expire (:func:`may_expire`);
     what cannot is left out of the plan (the whole of expiry would cost every
     micro-batch about twice as many shuffles); so is the retry count when the batch holds
-    no NACK (``retries``), receipts when no message concerned asked for one (``receipts``),
+    no NACK (``retries``), handing DELIVERY ONE messages on when no NACK names a stored
+    delivery (``releases``), receipts when no message concerned asked for one (``receipts``),
     and picking one subscriber when no publish is DELIVERY ONE (``one``).  ``late``: the batch
     holds a SUBSCRIBE, so earlier messages may reach it (:func:`routing.late`, over the relations
     ``{late_stored}`` and ``{late_held}``, :meth:`CommandSink.late_candidates`; only when there are
@@ -202,16 +203,16 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                                           "unrouted" if new else routing.empty_sql(_UNROUTED), "acks",
                                           "{pending}" if stored else routing.empty_sql(routing.PENDING), now)
                      if new or stored else routing.empty_sql(routing.EXPIRING)[1:-1]),
-        "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
-        # the stored deliveries the NACKs name, and this batch's own: a gateway routing early may have
-        # notified one and seen its retry timeout pass before the job routed it
+        # the stored deliveries the NACKs name, and this batch's DELIVERY ALL ones: a gateway routing early
+        # may have notified one and seen its retry timeout pass before the job routed it
         "retrying": ("SELECT * FROM {retrying} UNION ALL SELECT account, smuid, 'pending' AS status, "
-                     "CAST(NULL AS INT) AS retries, delivery FROM live") if retries else _empty(routing.RETRYING),
+                     "CAST(NULL AS INT) AS retries, delivery FROM routed WHERE delivery = 'all'") if retries
+                    else _empty(routing.RETRYING),
         "new_messages": routing.message_rows_sql("events", batch_id),
         "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
-        "released": (routing.released_sql("events", "retrying", "acks", "expiring", "intervals", "all_messages")
-                     if retries else _empty(routing.RELEASED)),
-        "reassigned": routing.reassigned_sql("released", "all_messages") if retries else _empty(routing.DELIVERIES),
+        "released": (routing.released_sql("events", "{retrying}", "acks", "expiring", "intervals", "all_messages")
+                     if releases else _empty(routing.RELEASED)),
+        "reassigned": routing.reassigned_sql("released", "all_messages") if releases else _empty(routing.DELIVERIES),
         "retried": (routing.retried_sql("events", "retrying", "acks", "expiring", "released") if retries
                     else _empty(routing.RETRIED)),
         "cleared": (routing.cleared_sql("intervals", "{clearable}", "acks", "expiring", "retried", "released")
@@ -222,15 +223,14 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                    else _empty(routing.NOBODY_UPDATES))
                   + (" UNION ALL SELECT smuid, 'trashed' AS status FROM dead WHERE reason = 'topic_removed'"
                      if removing else ""),
+        "live": routing.live_sql("routed", "expiring") if new else "SELECT * FROM routed",
         "settled": routing.settled_sql("acks", "live"),
         "out_acked": routing.acked_records_sql("settled"),
-        # what SINCE withheld was never sent by the job, but a gateway routing early may have notified it
-        "out_expired": routing.expired_records_sql(
-            "expiring", "retried", "released",
-            "(SELECT account, smuid, seq FROM cleared UNION ALL SELECT account, smuid, seq FROM withheld)"
-            if clearing else "cleared"),
+        "out_expired": routing.expired_records_sql("expiring", "retried", "released", "cleared"),
+        # this batch's deliveries as first routed (``routed``, with late subscribers' and SINCE's withholding,
+        # trips Catalyst here: "key not found: smuid"): a withheld one counts as a cleared stored one does
         "receipts_due": (routing.receipts_due_sql("{receipt_state}", "acks", "expiring", "{receipted}", "all_messages",
-                                                  "live")
+                                                  "routed_all")
                          if receipts
                          else _empty(routing.RECEIPTS_DUE)),
         "receipt_messages": (routing.receipt_messages_sql("receipts_due", "all_messages", now) if receipts
@@ -397,6 +397,18 @@ def acked_smuids(records: pa.Table) -> list[int]:
     return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
 
 
+def acks_its_own_receipt_publish(records: pa.Table) -> bool:
+    """Whether an ACK of the batch names a publish of the same batch that asked for a receipt (a
+    gateway routed it early): its receipt may be due now.  Only the receipt-asking publishes are
+    read, by regex, so a batch without one costs a scan."""
+    values = pc.cast(records.column("value"), pa.string())
+    asking = values.filter(pc.and_(_is(records, "publish"), pc.match_substring_regex(values, _RECEIPT.pattern)))
+    if not len(asking):
+        return False
+    smuids = pc.cast(pc.struct_field(pc.extract_regex(asking, _SMUID_FIELD), [0]), pa.int64()).drop_null()
+    return bool(set(smuids.to_pylist()) & set(acked_smuids(records)))
+
+
 #: The event types the routing query acts on; the other control events (topic registry, logins,
 #: presence) are the gateways' alone.
 _ROUTED_TYPES = "|".join(sorted(cls.TYPE for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, RemoveTopic)))
@@ -513,6 +525,19 @@ def _settled_nobody(deliveries: pa.Table) -> set[int]:
     rows = deliveries.filter(pc.and_(pc.equal(deliveries.column("account"), ""),
                                      pc.is_in(deliveries.column("status"), pa.array(["expired", "trashed"]))))
     return set(rows.column("smuid").to_pylist())
+
+
+def _withheld_records(deliveries: pa.Table) -> pa.Table:
+    """``Acked`` records (:data:`routing.KAFKA_OUT`) of the batch's deliveries a SINCE later in the batch
+    withheld (new rows ``cleared``): the job never sent them, but a gateway routing early may have.
+    Made here rather than in the query, whose plan each reference to ``withheld`` would grow."""
+    withheld = deliveries.filter(pc.and_(deliveries.column("is_new"), pc.equal(deliveries.column("status"), "cleared")))
+    accounts, smuids = withheld.column("account").to_pylist(), withheld.column("smuid").to_pylist()
+    return pa.table({
+        "key": pa.array([account.encode() for account in accounts], pa.binary()),
+        "value": [Acked(account, smuid, "cleared").to_bytes().decode() for account, smuid in zip(accounts, smuids)],
+        "seq": pa.nulls(len(accounts)),
+    }).cast(arrow_schema(routing.KAFKA_OUT))
 
 
 def _micros(value: datetime | int | None) -> int | None:
@@ -1045,13 +1070,14 @@ WHERE {alive}({matches})
                   "current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
-        # a publish of the batch may be owed its receipt now: acknowledged in the batch (a gateway routed
-        # it early), or 0/0 when it reached nobody and expires at once
-        receipts = state.num_rows > 0 or bool(unreached) or asks_for_receipt(arrow_records)
+        # a publish of the batch may be owed its receipt now: 0/0 or X/Y when it is already expired, or
+        # acknowledged in the same batch (a gateway routed it early)
+        receipts = (state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
+                    or acks_its_own_receipt_publish(arrow_records))
         sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts,
                         has_delivery_one(arrow_records), late,
                         clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
-                        orphaned.num_rows > 0)
+                        orphaned.num_rows > 0, releases=retrying.num_rows > 0)
         for name, arrow, schema in (("pending", pending, routing.PENDING), ("retrying", retrying, routing.RETRYING),
                                     ("late_stored", late_stored, _STORED),
                                     ("late_held", late_held, routing.HELD),
@@ -1079,6 +1105,7 @@ WHERE {alive}({matches})
             out[kind] = pa.Table.from_batches(
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
                 schema=pa.schema(list(column.type)))
+        out["expired"] = pa.concat_tables([out["expired"], _withheld_records(out["deliveries"])])
         if markers.num_rows:
             rows = out["deliveries"]
             taken = rows.filter(pc.equal(rows.column("account"), "")).column("smuid")  # one row per key

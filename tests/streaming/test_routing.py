@@ -868,13 +868,26 @@ def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
 def test_a_message_routed_already_expired_gets_its_x_of_y_receipt_in_the_same_batch(frames):
     """Routed in this batch to ann and bob (and stored for cat) but expired by the batch's clock: the
     receipt counts the new deliveries among the targeted, at once."""
-    messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
-                                            "all") for n, mode in ((1, "all"), (2, "none"))))
     state = frames.of(routing.RECEIPT_STATE, ("cat", 1, "acked", "all"))
+    routed = frames.deliveries(delivery("ann", 1, "/t", 1, expires_at=10) + ("all", "all"),
+                               delivery("bob", 1, "/t", 1, expires_at=10) + ("all", "all"),
+                               delivery("ann", 2, "/t", 2, expires_at=10) + ("none", "all"))
     expiring = frames.of(routing.EXPIRING, ("ann", 1, True), ("bob", 1, True), ("ann", 2, True))
     receipted = frames.of(StructType([StructField("smuid", routing.LongType())]))
-    due = routing.receipts_due(state, frames.of(ACKS), expiring, receipted, messages)
+    due = routing.receipts_due(state, frames.of(ACKS), expiring, receipted, routed=routed)
     assert_df_equality(due, frames.of(routing.RECEIPTS_DUE, (1, "all", 1, 3)), ignore_nullable=True)
+
+
+def test_an_ack_in_the_batch_that_routes_the_message_counts_toward_its_receipt(frames):
+    """A gateway routing early lets bob acknowledge before the job has routed the message: RECEIPT ONE
+    is due at once (1/2), RECEIPT ALL waits for ann."""
+    routed = frames.deliveries(*(delivery(account, n, "/t", n, expires_at=10**9) + (mode, "all")
+                                 for n, mode in ((1, "one"), (2, "all")) for account in ("ann", "bob")))
+    acks = frames.of(ACKS, ("bob", 1, ts(3), "gb", seq(3)), ("bob", 2, ts(3), "gb", seq(4)))
+    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]))
+    due = routing.receipts_due(frames.of(routing.RECEIPT_STATE), acks, frames.of(routing.EXPIRING), receipted,
+                               routed=routed)
+    assert_df_equality(due, frames.of(routing.RECEIPTS_DUE, (1, "one", 1, 2)), ignore_nullable=True)
 
 
 # -- REMOVE TOPIC
