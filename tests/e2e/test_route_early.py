@@ -1,0 +1,42 @@
+"""Routing early, end to end: the real broker, Spark job, Delta tables and sockets.  A gateway
+NOTIFYs a DELIVERY ALL message from its fold of the commands log; the job, whenever it runs, records
+the same delivery once, and its own ``Deliver`` of it brings no second NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.e2e.stack import GatewayThread, Router, create_smqp_topics, stack_config
+from tests.e2e.test_walking_skeleton import ACCOUNTS, TOPIC, publish, subscriber, take, wait_for_acked
+
+pytestmark = pytest.mark.e2e
+
+
+def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once_when_it_returns(
+        broker, spark, tmp_path):
+    config = stack_config(broker, tmp_path, ACCOUNTS)
+    router = Router(spark, config)
+    try:
+        with GatewayThread(config) as gateway:
+            host, port = gateway.address
+
+            async def scenario() -> None:
+                await create_smqp_topics((host, port), TOPIC)
+                bob = await subscriber(host, port)
+                await bob.subscribe("/stocks/*")
+                published = await publish(host, port, 30, 0)
+                assert await take(bob, 30) == published  # every one, in order, with no job running
+                await asyncio.to_thread(router.start)
+                # one row each, all acknowledged
+                assert await asyncio.to_thread(wait_for_acked, config, 30) == (30, 30, 30)
+                with pytest.raises(asyncio.TimeoutError):  # the job's Deliver of each came and went
+                    extra = await bob.next_notification(2)
+                    pytest.fail(f"notified again: {extra.smuid}")
+                await bob.quit()
+
+            asyncio.run(scenario())
+            assert gateway.gateway.metrics.routed_early.get() == 30
+    finally:
+        router.stop()
