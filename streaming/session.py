@@ -32,6 +32,12 @@ LEAN_CONF: Mapping[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # Spark keeps every finished query's plan and metrics for its UI (1,000 by default), even with the
+    # UI off; a routing query's plan is hundreds of kilobytes, so that history alone fills the heap of
+    # a long-running job (and of the test session).  Keep a few, for the event log and debugging.
+    "spark.sql.ui.retainedExecutions": "20",
+    "spark.ui.retainedJobs": "50",
+    "spark.ui.retainedStages": "50",
 }
 
 
