@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
-from gateway.kafka_io import ControlTail, DeliveriesTail, DurableLog, RawPublish, read_acks_since
+from gateway.kafka_io import Cluster, DurableLog, RawPublish, Tail, control_tail, deliveries_tail, read_acks_since
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.presence import Arrived, Left, PresenceMap
@@ -234,18 +234,13 @@ class Connection:
         self.channel = NotifyChannel(self, reader, writer)
         return [Send(Reply.ok().to_bytes())]
 
-    def _make_durable(self, action: Durable, *, batch_acks: bool = True) -> _PendingReply:
-        """Start the Kafka append now, in command order; the writer awaits it in order.
-
-        An Ack goes out at once at window 1 (it gates the next NOTIFY); in a window, where the
-        client pipelines its ACKs, it lingers with the other appends so many share one produce
-        request (``batch_acks=False``: the notification port, which settles ACKs one by one)."""
+    def _make_durable(self, action: Durable) -> _PendingReply:
+        """Start the Kafka append now, in command order; the writer awaits it in order."""
         ack = action.event if isinstance(action.event, Ack) else None
         if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
             entry.acking = True
         self.unsettled += 1
-        immediate = ack is not None and (self.session.notify_window == 1 or not batch_acks)
-        future = self.gateway.log.append(action.key, action.event.to_bytes(), immediate=immediate)
+        future = self.gateway.log.append(action.key, action.event.to_bytes())
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:
@@ -492,7 +487,7 @@ class NotifyChannel:
             while line := await self.reader.readline():
                 for action in connection.session.channel_ack(line.rstrip(b"\r\n")):
                     if isinstance(action, Durable):
-                        pending = connection._make_durable(action, batch_acks=False)
+                        pending = connection._make_durable(action)
                         self.write(await connection._settle(pending))
                         if not connection._ack_settled(pending.ack):
                             return
@@ -573,9 +568,10 @@ class Gateway:
         self.handed_on: dict[str, set[int]] = defaultdict(set)  # (an account's entry goes once empty)
         self.stopping = False
         self.connections: set[Connection] = set()
+        self.kafka: Cluster | None = None
         self.log: DurableLog | None = None
-        self.tail: DeliveriesTail | None = None
-        self.control: ControlTail | None = None
+        self.tail: Tail | None = None
+        self.control: Tail | None = None
         self.server: asyncio.base_events.Server | None = None
         self.tls_server: asyncio.base_events.Server | None = None
         self.metrics = GatewayMetrics(self)
@@ -627,17 +623,16 @@ class Gateway:
         says so before anything is folded.  Nothing is handed on while the book and the presence
         map are being read: only once both are complete (the fold past that reset) does
         ``handing_on`` start; no login is connected here before that, so nothing is missed."""
-        loop = asyncio.get_running_loop()
-        self.log = await asyncio.to_thread(DurableLog, self.config.kafka)
-        reset = await self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(), immediate=True,
-                                      partition=0)
-        self.control = ControlTail(self.config.kafka, loop, self._on_control)
+        self.kafka = Cluster(self.config.kafka)
+        self.log = await DurableLog.open(self.config.kafka, self.kafka)
+        reset = await self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(), partition=0)
+        self.control = control_tail(self.config.kafka, self.kafka, self._on_control)
         self.control.start()
-        self.tail = DeliveriesTail(self.config.kafka, loop, self._on_deliveries)
+        self.tail = deliveries_tail(self.config.kafka, self.kafka, self._on_deliveries)
         self.tail.start()
         await asyncio.wait_for(asyncio.gather(self.tail.ready.wait(), self.control.ready.wait()), 60)
         await self.folded(reset.offset)
-        for ack in await asyncio.to_thread(read_acks_since, self.config.kafka, dict(self.book.commands_offsets)):
+        for ack in await read_acks_since(self.config.kafka, self.kafka, dict(self.book.commands_offsets)):
             self.book.acknowledged(ack.account, ack.smuid)
         self.handing_on = True
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
@@ -725,7 +720,7 @@ class Gateway:
     async def sync(self) -> None:
         """A read barrier: append a ``Sync`` and wait for its fold, so the registry has
         seen every control event any gateway had appended before."""
-        metadata = await self.log.append(b"", Sync(uuid.uuid4().hex).to_bytes(), immediate=True, partition=0)
+        metadata = await self.log.append(b"", Sync(uuid.uuid4().hex).to_bytes(), partition=0)
         await self.folded(metadata.offset)
 
     def _announce(self, change) -> None:
@@ -844,7 +839,7 @@ class Gateway:
         if self.stopping:
             return
         event = Presence(node=self.config.gateway.node_id, account=account, present=bool(self.sessions.get(account)))
-        future = self.log.append(b"", event.to_bytes(), immediate=True, partition=0)
+        future = self.log.append(b"", event.to_bytes(), partition=0)
 
         def settled(done: asyncio.Future) -> None:
             if not done.cancelled() and done.exception() is not None:
@@ -860,7 +855,7 @@ class Gateway:
         event = Nack(account=account, guid=guid or "", smuid=deliver.smuid,
                      accepted_at=int(time.time() * 1_000_000),
                      max_retries=self.queue_params(deliver.topic).max_retries, reason=reason)
-        future = self.log.append(account.encode("utf-8"), event.to_bytes(), immediate=True)
+        future = self.log.append(account.encode("utf-8"), event.to_bytes())
         future.add_done_callback(lambda done: done.exception() and log.warning(
             "NACK of %s for %s not appended: %s", deliver.smuid, account, done.exception()))
 
@@ -908,9 +903,11 @@ class Gateway:
         await self._reset_presence()
         for tail in (self.tail, self.control):
             if tail:
-                tail.stop()
+                await tail.stop()
         if self.log:
-            await asyncio.to_thread(self.log.close)
+            await self.log.close()
+        if self.kafka:
+            self.kafka.close()
 
     async def _connections_ended(self) -> None:
         while self.connections:
@@ -925,7 +922,7 @@ class Gateway:
             return
         try:
             await asyncio.wait_for(self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(),
-                                                   immediate=True, partition=0), 2)
+                                                   partition=0), 2)
         except Exception as error:  # noqa: BLE001 - stopping anyway
             log.warning("could not announce this node's logins as ended: %s", error)
 

@@ -23,8 +23,12 @@ class KafkaConfig:
     deliveries_topic: str = "smqp.deliveries"
     commands_partitions: int = 1
     deliveries_partitions: int = 1
-    linger_ms: int = 1
+    linger_ms: int = 1  # the streaming job's producer batching delay (gateways batch in their event loop)
     delivery_timeout_ms: int = 15000  # a PUB not durable by then gets 503
+    # the longest a gateway's fetch waits for records: the dev broker holds an empty fetch this long even
+    # when records arrive meanwhile, so it bounds how late a gateway reads a record there (Apache Kafka
+    # answers as soon as there is data: 100-500 costs nothing in latency there and fewer idle fetches)
+    fetch_max_wait_ms: int = 10
 
 
 @dataclass(frozen=True)

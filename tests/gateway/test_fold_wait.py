@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.kafka_io import ControlTail
+from gateway.kafka_io import Cluster, control_tail
 from gateway.server import Gateway
 from schemas.config import load_config
 
@@ -14,9 +14,7 @@ from schemas.config import load_config
 def _gateway(tmp_path, timeout_ms: int) -> Gateway:
     """A gateway whose control tail is never started: the test hands ``_on_control`` its records."""
     gateway = Gateway(load_config(env={}, data_dir=str(tmp_path), kafka={"delivery_timeout_ms": timeout_ms}))
-    unused = asyncio.new_event_loop()
-    unused.close()  # the tail never runs, so never calls back into it
-    gateway.control = ControlTail(gateway.config.kafka, unused, gateway._on_control)
+    gateway.control = control_tail(gateway.config.kafka, Cluster(gateway.config.kafka), gateway._on_control)
     return gateway
 
 
