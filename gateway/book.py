@@ -151,6 +151,11 @@ class DeliveryBook:
             self.commands_offsets.update(event.commands_offsets)
         return None
 
+    def knows(self, account: str, smuid: int) -> bool:
+        """Whether a ``Deliver`` of ``smuid`` to ``account`` would be ignored (:meth:`apply`): it is
+        pending, or acknowledged and not yet confirmed — checked before decoding one."""
+        return (account, smuid) in self._acked_unconfirmed or smuid in self._pending.get(account, ())
+
     def speculate(self, deliver: Deliver) -> Deliver | None:
         """A delivery this gateway routed itself, ahead of the job: new to the book unless the job's
         ``Deliver`` came first, it was acknowledged, or the job confirmed it lately."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -93,6 +94,10 @@ class BrokerConnection(asyncio.Protocol):
     def __init__(self, client_id: str):
         self._protocol = KafkaProtocol(client_id=client_id)
         self._waiting: dict[int, asyncio.Future] = {}
+        # (deadline, correlation id) of the requests awaiting an answer, oldest first: the broker
+        # answers in order, so only the oldest one's deadline can pass first (one timer, not one each)
+        self._deadlines: deque[tuple[float, int]] = deque()
+        self._watch: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._versions: BrokerVersionData | None = None
         self.closed = False
@@ -130,6 +135,10 @@ class BrokerConnection(asyncio.Protocol):
 
     def _fail(self, error: Exception) -> None:
         self.closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        self._deadlines.clear()
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             if not waiter.done():
@@ -140,25 +149,41 @@ class BrokerConnection(asyncio.Protocol):
     def close(self) -> None:
         self._fail(KafkaUnavailable("connection closed"))
 
-    async def call(self, request, timeout: float):
-        """Send ``request`` and await its response.  A response that does not come within
-        ``timeout`` closes the connection (the next one would be out of step)."""
+    def call(self, request, timeout: float) -> asyncio.Future:
+        """Send ``request``; the future resolves to its response.  A response that does not come
+        within ``timeout`` closes the connection (the next one would be out of step)."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         if self.closed:
-            raise KafkaUnavailable("connection closed")
+            waiter.set_exception(KafkaUnavailable("connection closed"))
+            return waiter
         if self._versions is not None and request.API_VERSION is None:
             request.API_VERSION = self._versions.api_version(request)
         correlation_id = self._protocol.send_request(request)
-        waiter = asyncio.get_running_loop().create_future()
         if request.expect_response():
             self._waiting[correlation_id] = waiter
+            self._deadlines.append((loop.time() + timeout, correlation_id))
+            if self._watch is None:
+                self._watch = loop.call_at(self._deadlines[0][0], self._check_deadlines)
         else:
             waiter.set_result(None)
         self._transport.write(self._protocol.send_bytes())
-        try:
-            return await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
-            self.close()
-            raise KafkaUnavailable(f"no answer from Kafka within {timeout:g} s") from None
+        return waiter
+
+    def _check_deadlines(self) -> None:
+        """The oldest request's deadline came: close if it is still unanswered, else look again
+        at the next one's."""
+        self._watch = None
+        loop = asyncio.get_running_loop()
+        while self._deadlines and self._deadlines[0][1] not in self._waiting:
+            self._deadlines.popleft()
+        if not self._deadlines:
+            return
+        deadline, _ = self._deadlines[0]
+        if deadline <= loop.time():
+            self._fail(KafkaUnavailable("no answer from Kafka in time"))
+        else:
+            self._watch = loop.call_at(deadline, self._check_deadlines)
 
 
 # -- the cluster: brokers, leaders, connections
@@ -446,8 +471,24 @@ def control_item(offset: int, key: bytes | None, value: bytes):
     return offset, None if value.startswith(_NOT_CONTROL) else _decoded(value, "commands")
 
 
+class RawDeliver(NamedTuple):
+    """A ``Deliver`` record as the deliveries tail read it: whose (its key) and which message
+    (read off the JSON's start), with the record to decode only if the book does not know it
+    yet — most often the gateway routed it early and already has it."""
+
+    account: str
+    smuid: int
+    value: bytes
+
+
+_DELIVER = b'{"type":"deliver"'
+_SMUID = re.compile(rb'"smuid":(\d+)')
+
+
 def delivery_item(offset: int, key: bytes | None, value: bytes):
-    """A deliveries record, decoded (None: undecodable, dropped)."""
+    """A deliveries record: a :class:`RawDeliver`, or the decoded event (None: undecodable, dropped)."""
+    if value.startswith(_DELIVER) and key and (smuid := _SMUID.search(value, 0, 512)) is not None:
+        return RawDeliver(key.decode("utf-8", "replace"), int(smuid.group(1)), value)
     return _decoded(value, "deliveries")
 
 

@@ -44,7 +44,8 @@ from datetime import datetime, timezone
 from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
 from gateway.ids import SmuidFactory, new_guid
-from gateway.kafka_io import Cluster, DurableLog, RawPublish, Tail, control_tail, deliveries_tail, read_acks_since
+from gateway.kafka_io import (Cluster, DurableLog, RawDeliver, RawPublish, Tail, control_tail, deliveries_tail,
+                              read_acks_since)
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.presence import Arrived, Left, PresenceMap
@@ -778,6 +779,14 @@ class Gateway:
 
     def _on_deliveries(self, events: list) -> None:
         for event in events:
+            if isinstance(event, RawDeliver):
+                if self.book.knows(event.account, event.smuid):
+                    continue  # routed early here, or acknowledged: the job's copy changes nothing
+                try:
+                    event = decode(event.value)
+                except (ValueError, TypeError, KeyError):
+                    log.warning("skipping undecodable deliveries record %r", event.value[:80])
+                    continue
             deliver = self.book.apply(event)
             if deliver is not None and deliver.delivery == "one" and not self.logged_in_anywhere(deliver.account):
                 # routed to a subscriber logged in at no gateway: hand it on if someone here can take it

@@ -110,3 +110,14 @@ def test_what_the_job_confirmed_lately_is_not_routed_early_again():
     book.apply(Acked("bob", 1))
     assert book.speculate(deliver(1)) is None
     assert book.pending_count("bob") == 0
+
+
+def test_the_book_knows_a_deliver_exactly_when_applying_it_would_change_nothing():
+    """The deliveries tail skips decoding a Deliver the book knows; knowing must mean ignoring."""
+    book = DeliveryBook()
+    book.speculate(deliver(1))  # routed early: pending
+    book.apply(deliver(2))
+    book.acknowledged("bob", 2)  # acknowledged, not yet confirmed
+    for smuid in (1, 2, 3):
+        assert book.knows("bob", smuid) == (book.apply(deliver(smuid)) is None)
+    assert not book.knows("alice", 1)
