@@ -87,8 +87,11 @@ class Connection:
         self.reader = reader
         self.writer = writer
         self.session = gateway.new_session()
-        # bytes to write, a _PendingReply to await then write, a callable to run, or None to finish
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        # bytes to write, a _PendingReply to await then write, a callable to run, or None to finish;
+        # carried out in order by _flush, which writes what it can at once in one transport write
+        self.outbox: deque = deque()
+        self._flushing = False  # a _flush is scheduled, or waits for the Kafka future at the front
+        self.written = asyncio.Event()  # the outbox reached its end (None), or writing gave up
         self.actions: deque = deque()  # actions not carried out yet, in command order
         self.blocker: asyncio.Task | None = None  # a Consult/read/connect the next actions wait for
         self.unsettled = 0  # durable appends not yet answered
@@ -104,9 +107,10 @@ class Connection:
         self.queued_bytes = 0  # bytes in the outbox, not yet handed to the transport
         self.drained = asyncio.Event()  # set whenever the buffer is at or below the pause mark
         self._stall: asyncio.TimerHandle | None = None  # closes the client if it stays over the mark
+        self._draining: asyncio.Task | None = None  # waits for the transport to drain while over the mark
+        self._retry_timer: asyncio.TimerHandle | None = None  # at the earliest retry timeout in flight
 
     async def run(self) -> None:
-        writer_task = asyncio.create_task(self._write_loop())
         try:
             if len(self.gateway.connections) > self.gateway.config.gateway.max_connections:
                 self.send(self.session.greeting(available=False))  # and close
@@ -120,11 +124,16 @@ class Connection:
             self.closing = True
             for entry in self.in_flight.values():
                 entry.disarm()
-            self.outbox.put_nowait(None)
+            if self._retry_timer:
+                self._retry_timer.cancel()
+            self.put(None)
             if self._stall:
                 self._stall.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer_task, 10)
+                await asyncio.wait_for(self.written.wait(), 10)
+                await self._drain()
+            if self._draining:
+                self._draining.cancel()
             if self.blocker:
                 self.blocker.cancel()
             if self.channel:
@@ -170,9 +179,9 @@ class Connection:
             elif isinstance(action, Durable) and not action.reply:
                 self.gateway.fire_and_forget(action)
             elif isinstance(action, Durable):
-                self.outbox.put_nowait(self._make_durable(action))
+                self.put(self._make_durable(action))
             elif isinstance(action, Control):
-                self.outbox.put_nowait(self._make_control(action))
+                self.put(self._make_control(action))
             elif isinstance(action, Consult) and not self.unfolded:
                 answer = action.decide(False)  # fast path: nothing of ours is waiting to be folded
                 if answer is None:
@@ -186,12 +195,12 @@ class Connection:
             elif isinstance(action, ConnectNotify):
                 self._block(self._connect_notify(action))
             elif isinstance(action, LoggedIn):  # after the 200 reply is written, not before
-                self.outbox.put_nowait(lambda: self.gateway.register(self))
+                self.put(lambda: self.gateway.register(self))
             elif isinstance(action, Wake):
-                self.outbox.put_nowait(self.send_next)
+                self.put(self.send_next)
             elif isinstance(action, Close):
                 self.closing = True
-                self.outbox.put_nowait(None)
+                self.put(None)
         self.settled.set()
 
     def _block(self, work) -> None:
@@ -268,17 +277,21 @@ class Connection:
         return registry.outcome(event.request).to_bytes()
 
     async def _settle(self, pending: _PendingReply) -> bytes:
-        try:
-            result = await pending.future
-        except Exception as error:  # not durable: the client must not believe it is
+        with contextlib.suppress(Exception):
+            await pending.future
+        return self._reply_of(pending)
+
+    def _reply_of(self, pending: _PendingReply) -> bytes:
+        """The reply to write for a settled append: its own, or 503 if it is not durable."""
+        self.unsettled -= 1
+        self.settled.set()
+        error = pending.future.exception()
+        if error is not None:  # not durable: the client must not believe it is
             log.warning("Kafka append failed: %s", error)
             if pending.ack and (entry := self.in_flight.get(pending.ack.smuid)) is not None:
                 entry.acking = False
             return _unavailable()
-        finally:
-            self.unsettled -= 1
-            self.settled.set()
-        return pending.reply or result
+        return pending.reply or pending.future.result()
 
     def _ack_written(self, entry: _InFlight) -> None:
         """Both phases done: forget the message for good, then offer the next one."""
@@ -288,25 +301,47 @@ class Connection:
         self.gateway.book.acknowledged(self.session.account, entry.deliver.smuid)
         self.send_next()
 
-    async def _write_loop(self) -> None:
+    def put(self, item) -> None:
+        """Add to the outbox; it is carried out once the loop has run what it is running now, so
+        the replies and NOTIFYs of one read (or one Kafka answer) leave in one write."""
+        self.outbox.append(item)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self, _settled: asyncio.Future | None = None) -> None:
+        """Carry out the outbox in order until an append it must wait for (it resumes when that is
+        settled), writing everything due in one transport write."""
         frame_out = self.gateway.metrics.frame_out
-        while (item := await self.outbox.get()) is not None:
+        chunks = []
+        while self.outbox and not self.written.is_set():
+            item = self.outbox[0]
             if isinstance(item, _PendingReply):
-                data = await self._settle(item)
-                frame_out(data)
-                self._write(data)
-                if item.ack and not self._ack_settled(item.ack):
+                if not item.future.done():
+                    item.future.add_done_callback(self._flush)
                     break
+                self.outbox.popleft()
+                data = self._reply_of(item)
+                frame_out(data)
+                chunks.append(data)
+                if item.ack and not self._ack_settled(item.ack):
+                    self.written.set()  # the login ends: nothing after this reply is written
+            elif item is None:
+                self.outbox.popleft()
+                self.written.set()
             elif callable(item):
+                self.outbox.popleft()
                 item()
             else:
+                self.outbox.popleft()
                 self.queued_bytes -= len(item)
                 frame_out(item)
-                self._write(item)
-            if self.outbox.empty():
-                await self._drain()
-            self._watch_buffer()
-        await self._drain()
+                chunks.append(item)
+        else:
+            self._flushing = False
+        if chunks:
+            self._write(b"".join(chunks))
+        self._watch_buffer()
 
     def _write(self, data: bytes) -> None:
         if not self.writer.transport.is_closing():  # a client closed for stalling gets nothing more
@@ -324,22 +359,34 @@ class Connection:
         """Queue a reply or greeting: bounded by back-pressure (no command is read while the
         client is over the pause mark), so it is always taken."""
         self.queued_bytes += len(data)
-        self.outbox.put_nowait(data)
+        self.put(data)
         self.gateway.metrics.buffered(self.buffered)
         self._watch_buffer()
 
     def _watch_buffer(self) -> None:
-        """Over the pause mark: start the stall timer (reading pauses in the read loop);
-        back at or under it: stop the timer and let the read loop go on."""
+        """Over the pause mark: start the stall timer (reading pauses in the read loop) and wait
+        for the transport to drain; back at or under it: stop the timer, let the read loop go on."""
         if self.buffered > self.gateway.pause_at:
             if self._stall is None and not self.closing:
                 self._stall = asyncio.get_running_loop().call_later(
                     self.gateway.config.gateway.stalled_client_timeout_s, self._stalled)
+            transport = self.writer.transport
+            if self._draining is None and transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
+                self._draining = asyncio.ensure_future(self._drained())  # paused: resumes once drained
             return
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
         self.drained.set()
+
+    async def _drained(self) -> None:
+        """The transport paused writing (over its high-water mark): look again once it has drained.
+        (What waits in the outbox is looked at again by :meth:`_flush` as it writes it.)"""
+        try:
+            await self._drain()
+        finally:
+            self._draining = None
+        self._watch_buffer()
 
     def _stalled(self) -> None:
         self._stall = None
@@ -355,7 +402,7 @@ class Connection:
         log.warning("closing %s (%s): it %s", self.writer.get_extra_info("peername"), self.session.account, detail)
         self.gateway.metrics.slow_clients_closed.inc(reason)
         self.closing = True
-        self.outbox.put_nowait(None)
+        self.put(None)
         self.drained.set()
         self.writer.transport.abort()
 
@@ -405,16 +452,34 @@ class Connection:
     # -- retries (spec 5.1: retry timeout, maximum retries per message per client)
 
     def _arm(self, entry: _InFlight) -> None:
-        """Start ``entry``'s retry timeout (its topic's ``retry_timeout_s``)."""
-        entry.disarm()
-        delay = self.gateway.queue_params(entry.deliver.topic).retry_timeout_s
-        entry.retry = asyncio.get_running_loop().call_later(delay, self._retry_due, entry)
+        """Start ``entry``'s retry timeout (its topic's ``retry_timeout_s``).  One timer per
+        connection, at the earliest retry due in flight, rather than one per NOTIFY."""
+        loop = asyncio.get_running_loop()
+        entry.due = loop.time() + self.gateway.queue_params(entry.deliver.topic).retry_timeout_s
+        self._retry_at(entry.due)
+
+    def _retry_at(self, due: float) -> None:
+        timer = self._retry_timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._retry_timer = asyncio.get_running_loop().call_at(due, self._retries_due)
+
+    def _retries_due(self) -> None:
+        """The earliest retry timeout came: retry every NOTIFY now due, then wait for the next."""
+        self._retry_timer = None
+        now = asyncio.get_running_loop().time() + 0.001  # a timer may fire a hair before its time
+        for entry in [e for e in self.in_flight.values() if e.due is not None and e.due <= now]:
+            entry.due = None
+            self._retry_due(entry)
+        upcoming = [e.due for e in self.in_flight.values() if e.due is not None]
+        if upcoming and not self.closing:
+            self._retry_at(min(upcoming))
 
     def _retry_due(self, entry: _InFlight) -> None:
         """No ``310 ACK`` of this NOTIFY within the retry timeout: tell the job (a NACK, which it
         counts) and send it (only it) again, up to the topic's ``max_retries``; past them, wait for
         the job to withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
-        entry.retry = None
         deliver = entry.deliver
         if self.closing or self.in_flight.get(deliver.smuid) is not entry or entry.acking:
             return
@@ -511,14 +576,12 @@ class _InFlight:
 
     deliver: Deliver
     notified_at: float  # when it was first sent (monotonic), for the ACK latency histogram
-    retry: asyncio.TimerHandle | None = None  # its retry timeout
+    due: float | None = None  # when its retry timeout passes (loop time); None: not armed
     retries: int = 0  # NACKs of it this connection sent
     acking: bool = False  # the client's 310 ACK of it is being made durable
 
     def disarm(self) -> None:
-        if self.retry is not None:
-            self.retry.cancel()
-            self.retry = None
+        self.due = None  # the connection's retry timer finds nothing due for it
 
 
 @dataclass
@@ -904,7 +967,7 @@ class Gateway:
             if not connection.closing:
                 connection.send(connection.session.server_bye())
                 connection.closing = True
-                connection.outbox.put_nowait(None)
+                connection.put(None)
                 connection.reader.feed_eof()
         await asyncio.sleep(0.2)
         with contextlib.suppress(asyncio.TimeoutError):
