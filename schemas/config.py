@@ -89,8 +89,14 @@ class StreamingConfig:
     source: str = "python"
     # extra Spark properties for the job's session; spark-submit's --conf wins over them
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # CPU priority of the job (its driver, JVM and Python workers) where it shares a host with gateways:
+    # gateways NOTIFY DELIVERY ALL messages without waiting for it, so they go first and the job takes
+    # the spare cycles (its micro-batches then grow and cost less per message); 0 = as any process
+    nice: int = 10
 
     def __post_init__(self) -> None:
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"[streaming] nice must be 0..19, not {self.nice}")
         if self.source not in ("python", "kafka"):
             raise ValueError(f"[streaming] source must be \"python\" or \"kafka\", not {self.source!r}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for chatty in ("kafka", "py4j"):  # their INFO is per-connection / per-callback chatter
         logging.getLogger(chatty).setLevel(logging.WARNING)
     config = load_config(args.config)
+    if config.streaming.nice:  # before Spark starts: its JVM and Python workers inherit it
+        os.nice(config.streaming.nice)
+        log.info("running at nice %d (gateways first on a shared host)", os.nice(0))
     log.info("commands %s (source %s) → deliveries %s on %s", config.kafka.commands_topic,
              config.streaming.source, config.kafka.deliveries_topic, config.kafka.bootstrap)
     for table in ("messages", "deliveries", "subscriptions", "metrics"):

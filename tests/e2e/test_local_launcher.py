@@ -36,6 +36,9 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
         banner = Path(log.name).read_text()
         assert f"127.0.0.1:{gateway_port}" in banner and f"127.0.0.1:{broker_port}" in banner
         assert str(tmp_path / "data" / "tables") in banner
+        niceness = _niceness(launcher.pid)  # the job's Spark (JVM) yields the CPU to the gateway
+        assert {nice for command, nice in niceness if "java" in command} == {10}, niceness
+        assert {nice for command, nice in niceness if "gateway.server" in command} == {0}, niceness
 
         async def scenario():
             sub = await SMQPClient.connect("127.0.0.1", gateway_port)
@@ -63,3 +66,19 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
         log.close()
+
+
+def _niceness(pid: int) -> list[tuple[str, int]]:
+    """(command line, nice) of ``pid`` and every process under it."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            command = Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            nice = int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[16])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # ended meanwhile
+            continue
+        found.append((command, nice))
+    return found

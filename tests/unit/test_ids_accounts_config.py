@@ -107,3 +107,10 @@ def test_repeated_failed_logins_are_throttled_then_allowed_again():
     assert accounts.authenticate("ann", "right") is AuthResult.OK
     assert accounts.authenticate("ann", "wrong") is AuthResult.BAD_PASSWORD  # the count started again
     assert accounts.authenticate("ann", "right") is AuthResult.OK
+
+
+def test_the_jobs_cpu_priority_is_nice_10_by_default_and_checked():
+    assert load_config(env={}).streaming.nice == 10
+    assert load_config(env={"SMQP_STREAMING_NICE": "0"}).streaming.nice == 0
+    with pytest.raises(ValueError, match="nice"):
+        load_config(env={"SMQP_STREAMING_NICE": "20"})
