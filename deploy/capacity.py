@@ -3,9 +3,9 @@
 Four bounded measurements on 127.0.0.1, with processes each starts and stops itself (and, for
 ``drain --master spark://…``, a Spark cluster you started):
 
-- ``kafka``: one partition of the dev broker (tansu) — produce rate with the gateway's
-  producer settings (acks=all, one request in flight, linger 1 ms), durable appends one at a
-  time (the ACK path), and the fetch rate reading the partition back.
+- ``kafka``: one partition of the dev broker (tansu) through the gateway's own Kafka edge
+  (``gateway.kafka_io``: acks=all, batched by the event loop, one request in flight) — append
+  rate, durable appends one at a time (an ACK's wait), and the rate a tail reads it back.
 - ``ingest``: one gateway process, no routing job — guaranteed 200-byte PUBs per second from
   pipelining publishers (each reply waits for Kafka's acks=all).
 - ``connections``: one gateway process — logins per second and resident memory per idle
@@ -49,46 +49,47 @@ def _rss_mb(pid: int) -> float:
 
 
 def measure_kafka(records: int, size: int, serial: int) -> dict:
-    """Produce ``records`` of ``size`` bytes to one partition, then ``serial`` more each awaited
-    before the next, then fetch them all back from offset 0."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
+    """Through the gateway's own Kafka edge (``gateway.kafka_io``): append ``records`` of ``size``
+    bytes to one partition all at once (batched by the event loop, one request in flight), then
+    ``serial`` more each awaited before the next (the latency of one durable append), then read
+    them all back from offset 0 with a tail (a gateway's start-up fold)."""
     with DevBroker() as broker:
         config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": "cap.p1",
                                             "deliveries_topic": "cap.unused"}).kafka
         create_topics(config)
-        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=1,
-                                 max_in_flight_requests_per_connection=1, retries=5)
-        producer.partitions_for("cap.p1")
-        value = b"x" * size
-        started = time.perf_counter()
-        futures = [producer.send("cap.p1", value=value, partition=0) for _ in range(records)]
-        producer.flush()
-        produce_s = time.perf_counter() - started
-        assert all(f.succeeded() for f in futures)
+        return asyncio.run(_kafka_figures(config, records, size, serial))
 
-        serial_started = time.perf_counter()
-        for _ in range(serial):
-            producer.send("cap.p1", value=value, partition=0).get(timeout=10)
-        serial_s = time.perf_counter() - serial_started
-        producer.close()
 
-        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False,
-                                 fetch_max_wait_ms=50, max_poll_records=5000)
-        tp = TopicPartition("cap.p1", 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        fetched, started = 0, time.perf_counter()
-        deadline = started + 300
-        while fetched < records + serial and time.perf_counter() < deadline:
-            fetched += sum(len(batch) for batch in consumer.poll(timeout_ms=200).values())
-        fetch_s = time.perf_counter() - started
-        consumer.close()
+async def _kafka_figures(config, records: int, size: int, serial: int) -> dict:
+    from gateway.kafka_io import Cluster, DurableLog, Tail
+
+    cluster = Cluster(config)
+    log = await DurableLog.open(config, cluster)
+    value = b"x" * size
+    started = time.perf_counter()
+    await asyncio.gather(*(log.append(None, value, partition=0) for _ in range(records)))
+    produce_s = time.perf_counter() - started
+
+    serial_started = time.perf_counter()
+    for _ in range(serial):
+        await log.append(None, value, partition=0)
+    serial_s = time.perf_counter() - serial_started
+    await log.close()
+
+    counted = [0]
+    tail = Tail(config, cluster, config.commands_topic, lambda items: counted.__setitem__(0, counted[0] + len(items)),
+                lambda offset, key, value: offset, partitions=[0], name="capacity-reader")
+    started = time.perf_counter()
+    tail.start()
+    await asyncio.wait_for(tail.ready.wait(), 300)
+    fetch_s = time.perf_counter() - started
+    await tail.stop()
+    cluster.close()
     return {"records": records, "bytes": size,
             "produce_msgs_per_s": round(records / produce_s), "produce_mb_per_s": round(records * size / produce_s / 1e6, 1),
             "serial_appends": serial, "serial_appends_per_s": round(serial / serial_s),
             "serial_append_ms": round(serial_s / serial * 1000, 2),
-            "fetched": fetched, "fetch_msgs_per_s": round(fetched / fetch_s)}
+            "fetched": counted[0], "fetch_msgs_per_s": round(counted[0] / fetch_s)}
 
 
 def _gateway(broker: DevBroker, workdir: str, extra_env: dict[str, str] | None = None):
