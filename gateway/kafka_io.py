@@ -204,7 +204,8 @@ class Cluster:
         self._client_id = client_id
         self._bootstrap = [_host_port(address) for address in config.bootstrap.split(",") if address.strip()]
         self._leaders = _Leaders()
-        self._connections: dict[tuple[int | str, str], BrokerConnection] = {}
+        # (broker, purpose) -> its connection, or the future of the attempt to open it
+        self._connections: dict[tuple[int | str, str], BrokerConnection | asyncio.Future] = {}
         self._refreshing: asyncio.Future | None = None
         self.request_timeout = min(5.0, config.delivery_timeout_ms / 1000)
 
@@ -233,11 +234,24 @@ class Cluster:
         return self._leaders.partitions.get(topic, {}).get(partition)
 
     async def _connection(self, key: int | str, address: tuple[str, int], purpose: str) -> BrokerConnection:
+        """The open connection for ``purpose`` to broker ``key``; one attempt to open it at a time,
+        shared by every caller that asks meanwhile."""
         connection = self._connections.get((key, purpose))
-        if connection is None or connection.closed:
-            connection = await BrokerConnection.open(*address, self._client_id, self.request_timeout)
-            self._connections[(key, purpose)] = connection
-        return connection
+        if isinstance(connection, BrokerConnection) and not connection.closed:
+            return connection
+        if not isinstance(connection, asyncio.Future):
+            connection = self._connections[(key, purpose)] = asyncio.ensure_future(
+                BrokerConnection.open(*address, self._client_id, self.request_timeout))
+        opening = connection
+        try:
+            opened = await asyncio.shield(opening)
+        except BaseException:
+            if self._connections.get((key, purpose)) is opening:
+                del self._connections[(key, purpose)]
+            raise
+        if self._connections.get((key, purpose)) is opening:
+            self._connections[(key, purpose)] = opened
+        return opened
 
     async def refresh(self) -> None:
         """Ask a broker (a known one, else a bootstrap address) for the leaders of our topics; one
@@ -273,7 +287,10 @@ class Cluster:
 
     def close(self) -> None:
         for connection in self._connections.values():
-            connection.close()
+            if isinstance(connection, BrokerConnection):
+                connection.close()
+            else:
+                connection.cancel()
         self._connections.clear()
 
 
