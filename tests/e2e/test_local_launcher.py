@@ -4,6 +4,7 @@ after telling connected clients ``NOTIFY SERVER BYE``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,6 +40,10 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
         niceness = _niceness(launcher.pid)  # the job's Spark (JVM) yields the CPU to the gateway
         assert {nice for command, nice in niceness if "java" in command} == {10}, niceness
         assert {nice for command, nice in niceness if "gateway.server" in command} == {0}, niceness
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            # the kernel shares the CPU between sessions first: the job's own session must yield too
+            assert _session_nice(launcher.pid, "streaming.job") == 10
+            assert _session_nice(launcher.pid, "gateway.server") == 0
 
         async def scenario():
             sub = await SMQPClient.connect("127.0.0.1", gateway_port)
@@ -68,17 +73,29 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
         log.close()
 
 
-def _niceness(pid: int) -> list[tuple[str, int]]:
-    """(command line, nice) of ``pid`` and every process under it."""
+def _session_nice(pid: int, module: str) -> int:
+    """The nice value of the scheduling group (autogroup) of the process under ``pid`` running ``module``."""
+    [child] = [current for current in _descendants(pid)
+               if module in Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()]
+    return int(Path(f"/proc/{child}/autogroup").read_text().split()[-1])
+
+
+def _descendants(pid: int) -> list[int]:
     found, pending = [], [pid]
     while pending:
         current = pending.pop()
-        try:
-            command = Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            nice = int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        with contextlib.suppress(OSError):
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:  # ended meanwhile
-            continue
-        found.append((command, nice))
+            found.append(current)
+    return found
+
+
+def _niceness(pid: int) -> list[tuple[str, int]]:
+    """(command line, nice) of ``pid`` and every process under it."""
+    found = []
+    for current in _descendants(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            command = Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            found.append((command, int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[16])))
     return found
