@@ -161,6 +161,10 @@ class SMQPSystem:
         return {"gateway": self.stack.children["gateway"].pid,
                 "Spark driver + JVM": self.stack.children["job"].pid}
 
+    def cpu_processes(self) -> dict[str, int]:
+        """Every server process whose CPU a workload costs: :meth:`processes` and the Kafka broker."""
+        return {**self.processes(), "Kafka broker": self.stack.broker.process.pid}
+
 
 @contextlib.contextmanager
 def running_smqp(subscribers: int, notify_window: int = 1) -> Iterator[SMQPSystem]:

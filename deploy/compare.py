@@ -40,7 +40,9 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -52,7 +54,7 @@ from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats)
-from deploy.stack import peak_memory_mb
+from deploy.stack import cpu_seconds, peak_memory_mb
 
 WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
 SYSTEMS = ("smqp", "rabbitmq")
@@ -149,9 +151,33 @@ def headline(workload: str, result: dict) -> str:
         text = f"{result['msgs_per_s']:,} msg/s ({result['delivered']:,} of {result['backlog']:,})"
     if "ack_cycle_ms_mean" in result:
         text += f"; NOTIFY -> 310 ACK cycle {result['ack_cycle_ms_mean']} ms"
+    if per := cpu_per_message(workload, result):
+        text += "; CPU µs/msg: " + ", ".join(f"{name} {us:,}" for name, us in per.items())
     if result.get("settled_after_s"):
         text += f"; job done {result['settled_after_s']} s later"
     return text
+
+
+#: What each workload's CPU is divided by: the messages it counts in its figure.
+CPU_UNITS = {"ingest": "published", "latency": "delivered", "fanout": "deliveries", "drain": "delivered"}
+CLIENTS = "benchmark clients"
+
+
+def cpu_reading(system) -> dict[str, float]:
+    """CPU seconds used so far by each of ``system``'s server processes, and by this process (the
+    benchmark's clients, which share the machine's cores with the servers)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {**{name: cpu_seconds(pid) for name, pid in system.cpu_processes().items()},
+            CLIENTS: usage.ru_utime + usage.ru_stime}
+
+
+def cpu_per_message(workload: str, result: dict) -> dict[str, float]:
+    """Microseconds of CPU per message the workload counted, per process (and in all)."""
+    messages = result.get(CPU_UNITS[workload]) or 0
+    if not messages or "cpu_s" not in result:
+        return {}
+    per = {name: round(1e6 * seconds / messages) for name, seconds in result["cpu_s"].items()}
+    return {**per, "all": sum(per.values())}
 
 
 async def _ack_cycle(system) -> dict:
@@ -168,10 +194,13 @@ async def measure(workload: str, run: int, name: str, system, args) -> dict:
     progress(f"{workload} run {run}/{args.runs}: {LABELS[name]} ...")
     dest = f"{workload}_r{run}"
     before, load, started = await _ack_cycle(system), os.getloadavg()[0], time.time()
+    cpu_before = cpu_reading(system)
     try:
         result = await _run(workload, system, dest, args, say)
     except Exception as error:  # noqa: BLE001 - recorded, and the other runs go on
         result = {"error": f"{type(error).__name__}: {error}"}
+    else:
+        result["cpu_s"] = {name: round(seconds - cpu_before[name], 2) for name, seconds in cpu_reading(system).items()}
     if result.get("published"):
         with contextlib.suppress(Exception):
             result["settled_after_s"] = round(await system.settle(dest, result["published"], args.timeout), 1)
@@ -250,6 +279,22 @@ def job_time(table: str, job_log: str, results: dict) -> dict:
         if spans:
             per_workload[workload] = {"batches": batch_stats(within(batches)), "sink": sink_stats(within(sink))}
     return per_workload
+
+
+def render_cpu(results: dict) -> str:
+    """Median CPU microseconds per message, per workload, system and process: where the 2 cores went."""
+    lines = ["| workload | system | CPU µs per message, per process (median of runs) |", "|---|---|---|"]
+    for workload, per_system in results.items():
+        if workload not in CPU_UNITS:
+            continue
+        for name, runs in per_system.items():
+            readings = [cpu_per_message(workload, run) for run in runs]
+            readings = [r for r in readings if r]
+            if readings:
+                medians = {process: statistics.median(r.get(process, 0) for r in readings) for process in readings[0]}
+                lines.append(f"| {workload} | {LABELS[name]} | "
+                             + ", ".join(f"{process} {us:,.0f}" for process, us in medians.items()) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def render_job_time(per_workload: dict) -> str:
@@ -351,6 +396,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
     if "smqp" in args.systems:
         print(f"\nOur subscribers: {_window_text(args.notify_window)}"
               + (f"; RabbitMQ's consumers: prefetch {args.rabbit_prefetch}." if "rabbitmq" in args.systems else "."))
+    if cpu := render_cpu(results):
+        print(f"\nCPU per message (per {', '.join(f'{w}: {u}' for w, u in CPU_UNITS.items())}):\n" + cpu)
     if any(both["batches"] for both in report["smqp_job_time"].values()):
         print("\nWhere our streaming job's time went, per workload (its metrics table and log):\n"
               + render_job_time(report["smqp_job_time"]))

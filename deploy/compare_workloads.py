@@ -76,6 +76,9 @@ class System(Protocol):
     def processes(self) -> dict[str, int]:
         """The server's processes to watch for memory: name -> pid (descendants included)."""
 
+    def cpu_processes(self) -> dict[str, int]:
+        """The server's processes whose CPU a workload costs (memory's and any helpers, a broker)."""
+
 
 def stamped_body() -> bytes:
     head = f"{time.monotonic_ns()} ".encode()

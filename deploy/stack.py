@@ -28,25 +28,44 @@ class Stack:
     config: SMQPConfig
     workdir: str
     children: dict[str, subprocess.Popen]
+    broker: DevBroker
 
     @property
     def address(self) -> tuple[str, int]:
         return self.config.gateway.host, self.config.gateway.port
 
 
-def _tree_status_kb(pid: int, field: str) -> int:
-    """``field`` of /proc/<pid>/status (a ``kB`` figure) summed over ``pid`` and all its descendants."""
-    total_kb = 0
+def _tree(pid: int) -> Iterator[int]:
+    """``pid`` and all its descendants living now (the job's JVM and Python workers)."""
     pending = [pid]
     while pending:
         current = pending.pop()
+        yield current
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+
+
+def _tree_status_kb(pid: int, field: str) -> int:
+    """``field`` of /proc/<pid>/status (a ``kB`` figure) summed over ``pid`` and all its descendants."""
+    total_kb = 0
+    for current in _tree(pid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith(field + ":"):
                     total_kb += int(line.split()[1])
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending += [int(child) for child in (task / "children").read_text().split()]
     return total_kb
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by ``pid`` and its living descendants, plus what their
+    reaped children used: the difference of two readings is the CPU a workload cost them."""
+    ticks = 0
+    for current in _tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def peak_memory_mb(pid: int) -> float:
@@ -80,7 +99,7 @@ def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Ite
                                               stdout=open(f"{workdir}/{name}.log", "wb"),
                                               stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port(config.gateway.host, config.gateway.port, 90)
-        yield Stack(config, workdir, children)
+        yield Stack(config, workdir, children, broker)
     finally:
         for child in reversed(list(children.values())):
             child.send_signal(signal.SIGTERM)
