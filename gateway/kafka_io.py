@@ -24,7 +24,11 @@ fetch response's high watermark, not ListOffsets, which under-reports on the
 dev broker.  ``fetch_max_wait_ms`` bounds each fetch: the dev broker holds an
 empty fetch for that long even when records arrive meanwhile (Apache Kafka
 answers as soon as there is data), so it is what a record waits, at most,
-to be read on the dev broker.
+to be read on the dev broker.  The dev broker also answers *empty* when
+gathering the records takes longer than that (a tail far behind, a loaded
+host), so a tail lengthens its wait while that happens (:func:`next_wait_ms`).
+``fetch_min_bytes`` lets a fetch wait for that many bytes (within the wait):
+under load each fetch then brings many records rather than a few.
 
 When Kafka is unreachable, appends fail after ``delivery_timeout_ms`` and
 the tails keep retrying; connections are retried every
@@ -69,6 +73,8 @@ RECONNECT_BACKOFF_S = 0.05
 MAX_BATCH_BYTES = 512 * 1024
 #: Bytes one fetch may bring back, per partition and in all.
 FETCH_MAX_BYTES = 4 << 20
+#: The longest a tail lets the broker take over a fetch it answers empty for lack of time.
+SLOW_FETCH_MAX_WAIT_MS = 5000
 # Highest request versions used: the last ones naming topics by name (later ones use topic ids).
 PRODUCE_VERSION, FETCH_VERSION, METADATA_VERSION, LIST_OFFSETS_VERSION = 9, 11, 8, 5
 EARLIEST = -2  # ListOffsets: the log start offset
@@ -509,6 +515,22 @@ def delivery_item(offset: int, key: bytes | None, value: bytes):
     return _decoded(value, "deliveries")
 
 
+def next_wait_ms(current: int, configured: int, got_records: bool, behind: bool) -> int:
+    """The ``max_wait_ms`` of a tail's next fetch.
+
+    The dev broker answers a fetch with no records, and no error, when gathering them takes longer
+    than the fetch's ``max_wait_ms`` (a large backlog, a loaded host): with a fixed short wait a
+    tail that fell behind would never catch up, and would keep the broker busy asking.  So a fetch
+    that came back empty while its partition's high watermark is past our position doubles the
+    wait; records halve it back towards ``configured``; an empty answer with nothing more to read
+    (idle) returns to ``configured``, the latency of the next record."""
+    if got_records:
+        return max(configured, current // 2)
+    if behind:
+        return min(max(current * 2, configured + 1), SLOW_FETCH_MAX_WAIT_MS)
+    return configured
+
+
 class Tail:
     """Reads partitions of a topic from their start (or from given offsets) in the event loop,
     handing each fetched batch to ``on_batch``: what ``convert(offset, key, value)`` made of each
@@ -529,6 +551,7 @@ class Tail:
         self.ready = asyncio.Event()
         self.positions: dict[int, int] = {}
         self.high_watermarks: dict[int, int] = {}
+        self.max_wait_ms = config.fetch_max_wait_ms  # raised while the broker answers too late: next_wait_ms
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -589,13 +612,13 @@ class Tail:
         connection = await self._cluster.leader(self._topic, partitions[0], self.name)
         fetch = FetchRequest.FetchTopic
         request = FetchRequest(
-            replica_id=-1, max_wait_ms=self._config.fetch_max_wait_ms, min_bytes=1, max_bytes=FETCH_MAX_BYTES,
-            isolation_level=0, max_version=FETCH_VERSION,
+            replica_id=-1, max_wait_ms=self.max_wait_ms, min_bytes=self._config.fetch_min_bytes,
+            max_bytes=FETCH_MAX_BYTES, isolation_level=0, max_version=FETCH_VERSION,
             topics=[fetch(topic=self._topic, partitions=[fetch.FetchPartition(
                 partition=p, fetch_offset=self.positions[p], partition_max_bytes=FETCH_MAX_BYTES)
                 for p in partitions])])
-        response = await connection.call(request, self._cluster.request_timeout + self._config.fetch_max_wait_ms / 1000)
-        items = []
+        response = await connection.call(request, self._cluster.request_timeout + self.max_wait_ms / 1000)
+        items, behind = [], False
         for answer in response.responses[0].partitions:
             partition = answer.partition_index
             error = Errors.for_code(answer.error_code)
@@ -606,6 +629,8 @@ class Tail:
                 raise error(f"fetching {self._topic}/{partition}")
             self.high_watermarks[partition] = answer.high_watermark
             items += self._records(partition, answer.records)
+            behind = behind or self.positions[partition] < answer.high_watermark
+        self.max_wait_ms = next_wait_ms(self.max_wait_ms, self._config.fetch_max_wait_ms, bool(items), behind)
         return items
 
     def _records(self, partition: int, data: bytes | None) -> list:

@@ -102,6 +102,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self.topic = topic
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
+        self._fetch_wait_ms = max(10, poll_timeout_ms)  # a fetch's max wait, lengthened while needed (_pace)
         self.catch_up_timeout_ms = catch_up_timeout_ms
         self.replay_timeout_ms = replay_timeout_ms
         self.metadata_timeout_ms = metadata_timeout_ms
@@ -127,7 +128,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=max(10, self.poll_timeout_ms),
+            fetch_max_wait_ms=self._fetch_wait_ms,
             max_poll_records=self.max_records,
             client_id="smqp-streaming-source",
         )
@@ -228,10 +229,23 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
         while True:
             polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit)
+            behind = self._behind(consumer, partitions)
+            self._pace(consumer, bool(polled), behind)
             if polled:
                 return [r for batch in polled.values() for r in batch]
-            if time.monotonic() > deadline or not self._behind(consumer, partitions):
+            if time.monotonic() > deadline or not behind:
                 return []
+
+    def _pace(self, consumer, got_records: bool, behind: bool) -> None:
+        """Lengthen the consumer's fetch wait while the broker answers empty for lack of time (the
+        dev broker does, far behind or loaded: :func:`gateway.kafka_io.next_wait_ms`), or the job
+        would never catch up; kafka-python reads it from its fetcher's config at each fetch."""
+        from gateway.kafka_io import next_wait_ms
+
+        fetcher_config = getattr(getattr(consumer, "_fetcher", None), "config", None)
+        if fetcher_config is not None and "fetch_max_wait_ms" in fetcher_config:
+            fetcher_config["fetch_max_wait_ms"] = next_wait_ms(
+                fetcher_config["fetch_max_wait_ms"], self._fetch_wait_ms, got_records, behind)
 
     def _behind(self, consumer, partitions: list[int]) -> bool:
         """True while some partition's known end (high watermark, capped by the target) is ahead of us."""
@@ -268,6 +282,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                         f"{self.replay_timeout_ms} ms; still missing {missing} (deleted by retention, "
                         "or a different broker?)")
                 polled = consumer.poll(timeout_ms=max(self.poll_timeout_ms, 100))
+                self._pace(consumer, bool(polled), True)
                 for batch in polled.values():
                     for record in batch:
                         stop = wanted[record.partition][1]

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from deploy.broker import DevBroker, create_topics
-from gateway.kafka_io import Appended, Cluster, DurableLog, Tail, read_acks_since
+from gateway.kafka_io import Appended, Cluster, DurableLog, Tail, next_wait_ms, read_acks_since
 from schemas.config import KafkaConfig
 from schemas.events import Ack, Sync
 
@@ -121,3 +121,50 @@ def test_acks_since_the_jobs_progress_are_read_back_at_start(broker):
             cluster.close()
 
     asyncio.run(scenario())
+
+
+def test_a_tail_far_behind_catches_up_although_the_broker_cannot_gather_a_fetch_within_its_wait(broker):
+    """The dev broker answers a fetch empty when gathering its records takes longer than the fetch's
+    max wait (it grows with the record batches it holds): a tail behind 10,000 small batches with a
+    1 ms wait must still read everything, not ask forever."""
+    config = _config(broker.bootstrap, fetch_max_wait_ms=1)
+    values = [f"record {i:06d}".encode() for i in range(30_000)]
+
+    async def scenario():
+        cluster = Cluster(config)
+        log = await DurableLog.open(config, cluster)
+        try:
+            for chunk in range(0, len(values), 3):  # a batch per request, as a lightly loaded gateway appends
+                await asyncio.gather(*(log.append(None, v) for v in values[chunk:chunk + 3]))
+            read = []
+            reader = Tail(config, cluster, config.commands_topic, read.extend, lambda offset, key, value: value)
+            reader.start()
+            try:
+                await asyncio.wait_for(reader.ready.wait(), 60)
+                for _ in range(500):  # caught up: the next fetch finds nothing more and waits as configured
+                    if reader.max_wait_ms == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                assert reader.max_wait_ms == 1
+            finally:
+                await reader.stop()
+            assert read == values
+        finally:
+            await log.close()
+            cluster.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("current, got_records, behind, expected", [
+    (10, False, True, 20),     # answered empty for lack of time: wait longer
+    (4000, False, True, 5000),  # up to a bound
+    (0, False, True, 1),       # from a zero wait too
+    (80, True, True, 40),      # records came: back towards the configured wait
+    (12, True, False, 10),     # never under it
+    (640, False, False, 10),   # idle: the configured wait, the next record's latency
+])
+def test_the_fetch_wait_grows_while_the_broker_answers_late_and_returns_once_it_does_not(
+        current, got_records, behind, expected):
+    configured = 0 if current == 0 else 10
+    assert next_wait_ms(current, configured, got_records, behind) == expected
