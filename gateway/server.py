@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import secrets
 import signal
@@ -102,6 +103,9 @@ class Connection:
         # the guaranteed NOTIFYs sent and not yet acknowledged for good, by SMUID, oldest first:
         # at most the session's notify_window (1 unless the client asked for more)
         self.in_flight: dict[int, _InFlight] = {}
+        self.acking = 0  # of which the client has acknowledged, the ACK not yet durable (out of the window)
+        self._held_by_ack = False  # the outbox waits for an ACK's durability, NOTIFYs may pass it
+        self._notices_due = False  # a _write_held_notices is scheduled
         self.channel: NotifyChannel | None = None  # SET NOTIFY PORT's connection, if any
         self.closing = False
         self.queued_bytes = 0  # bytes in the outbox, not yet handed to the transport
@@ -179,7 +183,10 @@ class Connection:
             elif isinstance(action, Durable) and not action.reply:
                 self.gateway.fire_and_forget(action)
             elif isinstance(action, Durable):
-                self.put(self._make_durable(action))
+                pending = self._make_durable(action)
+                self.put(pending)
+                if pending.ack is not None and self.session.notify_window > 1:
+                    self.send_next()  # the ACKed NOTIFY left the window: the next may go, ahead of its reply
             elif isinstance(action, Control):
                 self.put(self._make_control(action))
             elif isinstance(action, Consult) and not self.unfolded:
@@ -249,6 +256,7 @@ class Connection:
         ack = action.event if isinstance(action.event, Ack) else None
         if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
             entry.acking = True
+            self.acking += 1
         self.unsettled += 1
         future = self.gateway.log.append(action.key, action.event.to_bytes())
         return _PendingReply(future, action.reply, ack)
@@ -288,8 +296,9 @@ class Connection:
         error = pending.future.exception()
         if error is not None:  # not durable: the client must not believe it is
             log.warning("Kafka append failed: %s", error)
-            if pending.ack and (entry := self.in_flight.get(pending.ack.smuid)) is not None:
+            if pending.ack and (entry := self.in_flight.get(pending.ack.smuid)) is not None and entry.acking:
                 entry.acking = False
+                self.acking -= 1
             return _unavailable()
         return pending.reply or pending.future.result()
 
@@ -297,6 +306,7 @@ class Connection:
         """Both phases done: forget the message for good, then offer the next one."""
         entry.disarm()
         del self.in_flight[entry.deliver.smuid]
+        self.acking -= 1
         self.gateway.metrics.ack_latency.observe(time.monotonic() - entry.notified_at)
         self.gateway.book.acknowledged(self.session.account, entry.deliver.smuid)
         self.send_next()
@@ -308,17 +318,52 @@ class Connection:
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush)
+        elif self._held_by_ack and type(item) is _Notice and not self._notices_due:
+            self._notices_due = True  # once per tick: the NOTIFYs queued meanwhile go in one write
+            asyncio.get_running_loop().call_soon(self._write_held_notices)
+
+    def _write_held_notices(self) -> None:
+        self._notices_due = False
+        if self._held_by_ack:
+            self._write_notices()
+
+    def _write_notices(self) -> None:
+        """With a notify window, NOTIFY MESSAGEs need not wait behind the replies to ACKs still
+        being made durable (they are the window's own traffic): write those queued past the
+        pending ACK replies at the front of the outbox, up to anything else."""
+        if self.written.is_set() or not self.outbox or not self._ack_pending(self.outbox[0]):
+            return
+        notices, kept = [], deque()
+        for position, item in enumerate(self.outbox):
+            if type(item) is _Notice:
+                notices.append(item)
+            elif not self._ack_pending(item):
+                kept.extend(itertools.islice(self.outbox, position, None))
+                break
+            else:
+                kept.append(item)
+        self.outbox = kept
+        if notices:
+            frame_out = self.gateway.metrics.frame_out
+            for notice in notices:
+                self.queued_bytes -= len(notice)
+                frame_out(notice)
+            self._write(b"".join(notices))
+
+    def _ack_pending(self, item) -> bool:
+        return isinstance(item, _PendingReply) and item.ack is not None and not item.future.done()
 
     def _flush(self, _settled: asyncio.Future | None = None) -> None:
         """Carry out the outbox in order until an append it must wait for (it resumes when that is
         settled), writing everything due in one transport write."""
         frame_out = self.gateway.metrics.frame_out
-        chunks = []
+        chunks, held = [], False
         while self.outbox and not self.written.is_set():
             item = self.outbox[0]
             if isinstance(item, _PendingReply):
                 if not item.future.done():
                     item.future.add_done_callback(self._flush)
+                    held = item.ack is not None and self.session.notify_window > 1
                     break
                 self.outbox.popleft()
                 data = self._reply_of(item)
@@ -341,6 +386,9 @@ class Connection:
             self._flushing = False
         if chunks:
             self._write(b"".join(chunks))
+        if held:  # after what came before it: NOTIFYs may pass the pending ACK replies, nothing else
+            self._write_notices()
+        self._held_by_ack = held
         self._watch_buffer()
 
     def _write(self, data: bytes) -> None:
@@ -441,9 +489,9 @@ class Connection:
         if self.closing:
             return
         window = self.session.notify_window
-        while len(self.in_flight) < window and (
+        while len(self.in_flight) - self.acking < window and (
                 deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
-            frame = self.session.notify(deliver)
+            frame = _Notice(self.session.notify(deliver))
             if self.session.awaits(deliver.smuid):  # guaranteed: it awaits its two-phase ACK
                 entry = self.in_flight[deliver.smuid] = _InFlight(deliver, time.monotonic())
                 self._arm(entry)
@@ -568,6 +616,13 @@ class NotifyChannel:
 
 def _unavailable() -> bytes:
     return Reply(SERVICE_UNAVAILABLE, ("Service unavailable: message store not reachable",)).to_bytes()
+
+
+class _Notice(bytes):
+    """A NOTIFY MESSAGE frame in the outbox: with a notify window it may be written ahead of the
+    replies to ACKs still being made durable (:meth:`Connection._write_notices`)."""
+
+    __slots__ = ()
 
 
 @dataclass(eq=False)

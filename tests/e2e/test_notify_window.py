@@ -234,3 +234,48 @@ def test_in_a_window_an_ack_kafka_cannot_take_ends_the_login_and_leaves_the_mess
             published, again = asyncio.run(scenario(gateway.address))
             acked_rows(config, published)
     assert again == published  # all three again, the one whose ACK failed included
+
+
+def test_in_a_window_the_next_notify_goes_out_once_acked_before_the_ack_is_durable(spark, tmp_path):
+    """An acknowledged NOTIFY leaves the window when the client's 310 ACK arrives: the next NOTIFY
+    is written at once, ahead of the ACK's reply, which waits for Kafka (here cut off, so it never
+    comes: 503, the login ends, and all three messages are sent again at the next login)."""
+    proxy_port = free_port()
+    with DevBroker(advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
+        config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
+        config = replace(config, kafka=replace(config.kafka, delivery_timeout_ms=3000))
+
+        async def scenario(address):
+            await create_smqp_topics(address, "/w/pass")
+            async with await SMQPClient.open(*address, "pub", "p") as pub:
+                sub = await SMQPClient.open(*address, "sub", "s")
+                await sub.subscribe("/w/pass")
+                await sub.set_notify_window(2)
+                published = [await pub.publish("/w/pass", f"m{i}") for i in range(3)]
+                notes = await receive(sub, 2, timeout=120)
+                with pytest.raises(asyncio.TimeoutError):  # the window is full
+                    await sub.next_notification(1)
+                await asyncio.to_thread(proxy.cut, "smqp-gateway")
+                acking = asyncio.ensure_future(notes[0].ack())
+                third = await sub.next_notification(2)  # the ACK's reply cannot have come: Kafka is cut
+                assert third.smuid == published[2] and not acking.done()
+                with pytest.raises(SMQPError) as refused:
+                    await asyncio.wait_for(acking, 60)
+                assert refused.value.code == SERVICE_UNAVAILABLE
+                await asyncio.wait_for(sub.closed.wait(), 30)
+                await sub.close()
+                await asyncio.to_thread(proxy.restore)
+                for _ in range(30):  # until the gateway's way to Kafka is back, an ACK may still get 503
+                    async with await SMQPClient.open(*address, "sub", "s") as again:
+                        await again.set_notify_window(3)
+                        notes = await receive(again, 3, timeout=120)
+                        try:
+                            await ack_all(notes)
+                            return published, sorted(note.smuid for note in notes)
+                        except (SMQPError, ConnectionError):
+                            await asyncio.sleep(1)
+                raise AssertionError("the ACKs never became durable after the restore")
+
+        with Router(spark, config), GatewayThread(config) as gateway:
+            published, again = asyncio.run(scenario(gateway.address))
+    assert again == sorted(published)  # none was acknowledged for good
