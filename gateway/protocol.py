@@ -212,63 +212,83 @@ class LineBuffer:
     Holds at most one unfinished line of ``max_line_bytes`` (plus whatever
     arrived in the current chunk): an overlong line is reported once and its
     rest dropped as it arrives, up to its LF.
+
+    The bytes are kept as received with a read position, not cut on every
+    line: a chunk that holds whole frames (the usual case) is read by slicing
+    it, one copy per line and no moving of what follows.  Only a partial line
+    left at the end of a chunk is copied into a growable buffer.
     """
 
     def __init__(self, max_line_bytes: int):
         self._max = max_line_bytes
-        self._data = bytearray()
-        self._scanned = 0  # bytes already searched for LF
+        self._data: bytes | bytearray = b""
+        self._pos = 0  # start of the bytes not yet consumed
+        self._scanned = 0  # bytes before this index already searched for LF
         self._skipping = False  # dropping the rest of an overlong line
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._data) - self._pos
 
     @property
     def pending(self) -> bool:
         """True while a partial line or an overlong line's tail is outstanding."""
-        return bool(self._data) or self._skipping
+        return len(self._data) > self._pos or self._skipping
 
     def feed(self, data: bytes) -> None:
+        if self._pos >= len(self._data):  # all consumed: read the new chunk in place
+            self._data, self._pos, self._scanned = bytes(data), 0, 0
+            return
+        if type(self._data) is bytes:
+            self._data = bytearray(memoryview(self._data)[self._pos:])
+        else:
+            del self._data[:self._pos]
+        self._scanned = max(self._scanned - self._pos, 0)
+        self._pos = 0
         self._data += data
 
     def read_line(self) -> bytes | Need:
         """The next line without its CRLF (or bare LF), or why there is none yet."""
         if self._skipping and not self._skip_to_lf():
             return Need.DATA
-        end = self._data.find(b"\n", self._scanned)
+        data, pos = self._data, self._pos
+        end = data.find(b"\n", max(self._scanned, pos))
         if end < 0:
             return self._await_lf()
-        line = bytes(self._data[:end])
-        del self._data[: end + 1]
-        self._scanned = 0
-        line = line[:-1] if line.endswith(b"\r") else line
-        return Need.LINE_TOO_LONG if len(line) > self._max else line
+        self._pos = self._scanned = end + 1
+        if end > pos and data[end - 1] == 13:  # CR
+            end -= 1
+        if end - pos > self._max:
+            return Need.LINE_TOO_LONG
+        return bytes(data[pos:end])
 
     def _await_lf(self) -> Need:
         """No LF yet: wait, unless the line is already too long to keep."""
         self._scanned = len(self._data)
-        if len(self._data) <= self._max + 1:  # room for the line and its CR
+        if len(self._data) - self._pos <= self._max + 1:  # room for the line and its CR
             return Need.DATA
-        self._data.clear()
-        self._scanned = 0
+        self._drop_all()
         self._skipping = True
         return Need.LINE_TOO_LONG
 
+    def _drop_all(self) -> None:
+        self._data, self._pos, self._scanned = b"", 0, 0
+
     def _skip_to_lf(self) -> bool:
         """Drop an overlong line's tail; True once its LF has gone too."""
-        end = self._data.find(b"\n")
+        end = self._data.find(b"\n", self._pos)
         if end < 0:
-            self._data.clear()
+            self._drop_all()
             return False
-        del self._data[: end + 1]
+        self._pos = self._scanned = end + 1
         self._skipping = False
         return True
 
     def take(self, limit: int) -> bytes:
         """Up to ``limit`` raw bytes (data, not lines)."""
-        chunk = bytes(self._data[:limit])
-        del self._data[:limit]
-        self._scanned = 0
+        pos = self._pos
+        chunk = bytes(self._data[pos:pos + limit])
+        self._pos = pos + len(chunk)
+        self._scanned = max(self._scanned, self._pos)
         return chunk
 
 
@@ -276,14 +296,20 @@ class LineBuffer:
 # The framing rule
 
 
+#: A control character other than TAB, as a byte: in UTF-8 text these bytes stand only for
+#: themselves (every byte of a multi-byte sequence is >= 0x80), so searching the raw line
+#: finds exactly the characters ``ord(c) < 32 and c != "\t" or c == "\x7f"`` of its text.
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def parse_header(line: bytes) -> tuple[str, str] | None:
     """``Name: value`` → (name, stripped value); None if it is not one."""
+    if _CONTROL_BYTE.search(line) is not None:
+        return None  # a stray CR could split the line again on the subscriber's side
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in text):
-        return None  # a stray CR could split the line again on the subscriber's side
     name, colon, value = text.partition(":")
     if not colon or not name or name != name.strip() or " " in name or "\t" in name:
         return None
@@ -291,16 +317,6 @@ def parse_header(line: bytes) -> tuple[str, str] | None:
 
 
 _DATA_HEADER_STARTS = frozenset({"content-type", "content-length"})
-
-
-class _State(enum.Enum):
-    HEADERS = "message header lines"
-    BETWEEN = "between data sections"
-    DATA_HEADERS = "data header lines"
-    DATA = "data bytes"
-    DATA_END = "CRLF after data"
-    DISCARD = "discarding up to the '.' line"
-    DONE = "done"
 
 
 class MessageFramer:
@@ -331,30 +347,23 @@ class MessageFramer:
         self._max_header_lines = max_header_lines
         self._max_bytes = max_message_bytes
         self._keep = keep_data
-        self._state = _State.HEADERS
+        # the step that reads what comes next (an unbound method, called with self); None once done
+        self._state: Callable[[MessageFramer, LineBuffer], bool] | None = MessageFramer._step_headers
         self._header_lines = 0
         self._total = 0
         self._section_headers: Headers = []
         self._chunks: list[bytes] = []
         self._remaining = 0
-        self._steps = MappingProxyType({
-            _State.HEADERS: self._step_headers,
-            _State.BETWEEN: self._step_between,
-            _State.DATA_HEADERS: self._step_data_headers,
-            _State.DATA: self._step_data,
-            _State.DATA_END: self._step_data_end,
-            _State.DISCARD: self._step_discard,
-        })
 
     @property
     def done(self) -> bool:
-        return self._state is _State.DONE
+        return self._state is None
 
     def advance(self, buffer: LineBuffer) -> bool:
         """Consume what ``buffer`` holds; True once the frame's ``.`` line is read."""
-        while not self.done and self._steps[self._state](buffer):
+        while self._state is not None and self._state(self, buffer):
             pass
-        return self.done
+        return self._state is None
 
     # -- errors
 
@@ -367,7 +376,7 @@ class MessageFramer:
     def _lose_sync(self, reply: Reply) -> bool:
         """An error after which only the ``.`` line can tell where the frame ends."""
         self._keep_error(reply)
-        self._state = _State.DISCARD
+        self._state = MessageFramer._step_discard
         return True
 
     # -- steps: each returns True if it made progress
@@ -396,14 +405,14 @@ class MessageFramer:
     def _step_headers(self, buffer: LineBuffer) -> bool:
         line = self._header_line(buffer)
         if line is None:
-            return self._state is _State.DISCARD
+            return self._state is MessageFramer._step_discard
         if line in (b"", b"."):
-            self._state = _State.BETWEEN if line == b"" else _State.DONE
+            self._state = MessageFramer._step_between if line == b"" else None
             return True
         header = self._parse_counted(line)
         if header is not None and header[0].lower() in _DATA_HEADER_STARTS:
             self._section_headers = [header]
-            self._state = _State.DATA_HEADERS
+            self._state = MessageFramer._step_data_headers
         elif header is not None:
             self.headers.append(header)
         return True
@@ -411,23 +420,23 @@ class MessageFramer:
     def _step_between(self, buffer: LineBuffer) -> bool:
         line = self._header_line(buffer)
         if line is None:
-            return self._state is _State.DISCARD
+            return self._state is MessageFramer._step_discard
         if line == b".":
-            self._state = _State.DONE
+            self._state = None
         elif line != b"":
             header = self._parse_counted(line)
             if header is not None:
                 self._section_headers = [header]
-                self._state = _State.DATA_HEADERS
+                self._state = MessageFramer._step_data_headers
         return True
 
     def _step_data_headers(self, buffer: LineBuffer) -> bool:
         line = self._header_line(buffer)
         if line is None:
-            return self._state is _State.DISCARD
+            return self._state is MessageFramer._step_discard
         if line == b".":
             self._keep_error(Reply.error(BAD_REQUEST, "data header without data"))
-            self._state = _State.DONE
+            self._state = None
         elif line == b"":
             self._start_data()
         else:
@@ -452,7 +461,7 @@ class MessageFramer:
         if self._total > self._max_bytes:
             self._keep_error(Reply.error(ENTITY_TOO_LARGE, f"more than {self._max_bytes} data bytes"))
         self._chunks = []
-        self._state = _State.DATA
+        self._state = MessageFramer._step_data
 
     def _step_data(self, buffer: LineBuffer) -> bool:
         if self._remaining:
@@ -463,7 +472,7 @@ class MessageFramer:
             if self._keep:
                 self._chunks.append(chunk)
         if not self._remaining:
-            self._state = _State.DATA_END
+            self._state = MessageFramer._step_data_end
         return True
 
     def _step_data_end(self, buffer: LineBuffer) -> bool:
@@ -474,7 +483,7 @@ class MessageFramer:
         if self._keep:
             self.sections.append(Section(self._section_headers, b"".join(self._chunks)))
         self._chunks = []
-        self._state = _State.BETWEEN
+        self._state = MessageFramer._step_between
         return True
 
     def _step_discard(self, buffer: LineBuffer) -> bool:
@@ -482,7 +491,7 @@ class MessageFramer:
         if line is Need.DATA:
             return False
         if line == b".":
-            self._state = _State.DONE
+            self._state = None
         return True
 
 
@@ -975,7 +984,7 @@ class Session:
             self._line = line.decode("utf-8")
         except UnicodeDecodeError:
             return self._bad(Reply.error(BAD_REQUEST, "command is not UTF-8"))
-        if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in self._line):
+        if _CONTROL_BYTE.search(line) is not None:
             return self._bad(Reply.error(BAD_REQUEST, "control character in command"))
         words = self._line.split()
         if not words:
