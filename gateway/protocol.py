@@ -49,6 +49,7 @@ import base64
 import enum
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Callable, Union
@@ -94,7 +95,7 @@ from schemas.events import (
     Watch,
 )
 from schemas.queue_params import QueueParameters
-from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
+from schemas.timefmt import format_date_time, format_micros, parse_date_time, parse_timeout
 from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
                             trash_topic)
 
@@ -251,7 +252,7 @@ class LineBuffer:
         if self._skipping and not self._skip_to_lf():
             return Need.DATA
         data, pos = self._data, self._pos
-        end = data.find(b"\n", max(self._scanned, pos))
+        end = data.find(b"\n", self._scanned if self._scanned > pos else pos)
         if end < 0:
             return self._await_lf()
         self._pos = self._scanned = end + 1
@@ -287,8 +288,9 @@ class LineBuffer:
         """Up to ``limit`` raw bytes (data, not lines)."""
         pos = self._pos
         chunk = bytes(self._data[pos:pos + limit])
-        self._pos = pos + len(chunk)
-        self._scanned = max(self._scanned, self._pos)
+        self._pos = pos = pos + len(chunk)
+        if self._scanned < pos:
+            self._scanned = pos
         return chunk
 
 
@@ -403,19 +405,21 @@ class MessageFramer:
         return header
 
     def _step_headers(self, buffer: LineBuffer) -> bool:
-        line = self._header_line(buffer)
-        if line is None:
-            return self._state is MessageFramer._step_discard
-        if line in (b"", b"."):
-            self._state = MessageFramer._step_between if line == b"" else None
-            return True
-        header = self._parse_counted(line)
-        if header is not None and header[0].lower() in _DATA_HEADER_STARTS:
-            self._section_headers = [header]
-            self._state = MessageFramer._step_data_headers
-        elif header is not None:
+        while True:  # every message header line in the buffer, without returning to advance()
+            line = self._header_line(buffer)
+            if line is None:
+                return self._state is MessageFramer._step_discard
+            if line in (b"", b"."):
+                self._state = MessageFramer._step_between if line == b"" else None
+                return True
+            header = self._parse_counted(line)
+            if header is None:
+                return True
+            if header[0].lower() in _DATA_HEADER_STARTS:
+                self._section_headers = [header]
+                self._state = MessageFramer._step_data_headers
+                return True
             self.headers.append(header)
-        return True
 
     def _step_between(self, buffer: LineBuffer) -> bool:
         line = self._header_line(buffer)
@@ -431,19 +435,21 @@ class MessageFramer:
         return True
 
     def _step_data_headers(self, buffer: LineBuffer) -> bool:
-        line = self._header_line(buffer)
-        if line is None:
-            return self._state is MessageFramer._step_discard
-        if line == b".":
-            self._keep_error(Reply.error(BAD_REQUEST, "data header without data"))
-            self._state = None
-        elif line == b"":
-            self._start_data()
-        else:
+        while True:  # every data header line in the buffer, without returning to advance()
+            line = self._header_line(buffer)
+            if line is None:
+                return self._state is MessageFramer._step_discard
+            if line == b".":
+                self._keep_error(Reply.error(BAD_REQUEST, "data header without data"))
+                self._state = None
+                return True
+            if line == b"":
+                self._start_data()
+                return True
             header = self._parse_counted(line)
-            if header is not None:
-                self._section_headers.append(header)
-        return True
+            if header is None:
+                return True
+            self._section_headers.append(header)
 
     def _start_data(self) -> None:
         """The data header is complete: validate it and count the data to come."""
@@ -481,7 +487,8 @@ class MessageFramer:
         if buffer.take(2) != CRLF:
             return self._lose_sync(Reply.error(BAD_REQUEST, "Content-Length does not match the data"))
         if self._keep:
-            self.sections.append(Section(self._section_headers, b"".join(self._chunks)))
+            chunks = self._chunks
+            self.sections.append(Section(self._section_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)))
         self._chunks = []
         self._state = MessageFramer._step_between
         return True
@@ -500,7 +507,7 @@ class MessageFramer:
 
 
 def render_lines(lines: list[str]) -> bytes:
-    return "".join(f"{line}\r\n" for line in lines).encode("utf-8")
+    return "".join([f"{line}\r\n" for line in lines]).encode("utf-8")
 
 
 def _section_header_lines(section: Section) -> list[str]:
@@ -518,12 +525,20 @@ def render_body(headers: Headers, sections: list[Section]) -> bytes:
 
     The inverse of :class:`MessageFramer`; both PUBLISH and NOTIFY use it.
     """
-    parts = [render_lines([f"{n}: {v}" for n, v in headers]), CRLF]
+    return _render_body("".join([f"{n}: {v}\r\n" for n, v in headers]), sections)
+
+
+def _render_body(head: str, sections: list[Section], tail: str = "") -> bytes:
+    """:func:`render_body` after ``head`` (lines already ending in CRLF), then ``tail``:
+    the text between the data sections is encoded in one piece each."""
+    text = head + "\r\n"
+    parts = []
     for index, section in enumerate(sections):
-        if index:
-            parts.append(CRLF)
-        parts += [render_lines(_section_header_lines(section)), CRLF, section.data, CRLF]
-    parts.append(b".\r\n")
+        lines = "".join([f"{line}\r\n" for line in _section_header_lines(section)])
+        parts += [(text + "\r\n" + lines + "\r\n" if index else text + lines + "\r\n").encode("utf-8"),
+                  section.data]
+        text = "\r\n"
+    parts.append((text + ".\r\n" + tail).encode("utf-8"))
     return b"".join(parts)
 
 
@@ -533,17 +548,18 @@ _SERVER_AFFIXED = frozenset({"created", "smuid", "cmuid"})
 def render_notify(deliver: Deliver, server_host: str) -> bytes:
     """NOTIFY MESSAGE in spec 4.1.11.1's order: Created, Smuid, Cmuid, then the
     publisher's other attributes as sent, the sections, ``.``, an empty line."""
-    created = next((v for n, v in deliver.headers if n.lower() == "created"), None)
+    created, others = None, []
+    for name, value in deliver.headers:
+        key = name.lower()
+        if key not in _SERVER_AFFIXED:
+            others.append(f"{name}: {value}\r\n")
+        elif key == "created" and created is None:
+            created = value
     if created is None:
-        created = format_date_time(from_micros(deliver.accepted_at))
-    head = [
-        f"NOTIFY MESSAGE {deliver.topic}",
-        f"Created: {created}",
-        f"Smuid: {server_host}/{deliver.smuid}",
-        f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}",
-    ]
-    others = [(n, v) for n, v in deliver.headers if n.lower() not in _SERVER_AFFIXED]
-    return render_lines(head) + render_body(others, deliver.sections) + CRLF
+        created = format_micros(deliver.accepted_at)
+    head = (f"NOTIFY MESSAGE {deliver.topic}\r\nCreated: {created}\r\nSmuid: {server_host}/{deliver.smuid}\r\n"
+            f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}\r\n")
+    return _render_body(head + "".join(others), deliver.sections, "\r\n")
 
 
 def to_micros(moment: datetime) -> int:
@@ -602,6 +618,33 @@ def check_message_headers(headers: Headers) -> Reply | None:
         if check is not None and not check(value):
             return Reply.error(BAD_REQUEST, f"bad {name} value")
     return None
+
+
+#: Header attributes (lower case) that decide how a message is handled, for :func:`acted_on`.
+_ACTED_ON = frozenset({"guarantee", "guar", "receipt", "priority", "pri", "timeout", "delivery"})
+
+
+def acted_on(headers: Headers) -> Headers:
+    """The attributes among ``headers`` that :func:`guaranteed`, :func:`receipt_mode`,
+    :func:`message_priority` and a message's timeout and delivery read, names lower-cased, in
+    order: those helpers give the same answers on them, without scanning the others each."""
+    return [(name.lower(), value) for name, value in headers if name.lower() in _ACTED_ON]
+
+
+def _first(headers: Headers, name: str) -> str | None:
+    """The value of the first attribute called ``name`` (lower case), None if there is none."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _timeout_micros(text: str) -> int | None:
+    """A timeout (already validated) in microseconds, None for a state message: every publish
+    reads one, and most read their topic's default."""
+    timeout = parse_timeout(text)
+    return None if timeout is None else int(timeout.total_seconds() * 1_000_000)
 
 
 def guaranteed(headers: Headers) -> bool:
@@ -780,6 +823,7 @@ _MESSAGE = frozenset({"MESSAGE", "MESS", "MESSAGES"})
 _TOPIC = frozenset({"TOPIC", "TOPICS"})
 _SUBSCRIBERS = frozenset({"SUBSCRIBERS", "SUBSCRIBER", "SUB"})
 _SERVER = frozenset({"SERVER", "SERV"})
+_PUBLISH_RESOURCES = _MESSAGE | {"REPLY"}
 _PROFILE = MappingProxyType({"NAME": "name", "EMAIL": "email", "ADDRESS": "address", "PHONE": "phone"})
 _CREATE_ARGS = re.compile(r"^(?P<topic>\S+)(?:\s+(?P<keywords>\([^)]*\)))?(?:\s+>\s*(?P<target>\S+))?\s*$")
 
@@ -980,6 +1024,9 @@ class Session:
     def _dispatch(self, line: bytes) -> list[Action]:
         """One command line → its ``smqp_<VERB>`` handler."""
         self._on_command(line)
+        if not line:  # the empty line the spec's clients send after each command
+            self._line = ""
+            return []
         try:
             self._line = line.decode("utf-8")
         except UnicodeDecodeError:
@@ -1415,12 +1462,12 @@ class Session:
         return self._control(SetTopicDelivery(self._new_request(), self._account, topic, args[1].lower(),
                                               self._now()))
 
-    def _delivery_mode(self, topic: str, headers: Headers) -> str:
-        """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``), which a
-        message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
-        mode = self._registry.delivery(topic) or self._queue_params(topic).delivery
+    def _delivery_mode(self, topic: str, headers: Headers, params: QueueParameters) -> str:
+        """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``, from ``params``),
+        which a message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
+        mode = self._registry.delivery(topic) or params.delivery
         if mode is None:
-            mode = next((v for n, v in headers if n.lower() == "delivery"), "all")
+            mode = _first(headers, "delivery") or "all"
         return mode.lower()
 
     def _set_password(self, args: list[str]) -> list[Action]:
@@ -1537,11 +1584,11 @@ class Session:
         """``PUB MESSAGE <topic> <cmuid>`` / ``PUB REPLY <topic> <cmuid>`` open a body;
         errors wait for its end."""
         resource = args[0].upper() if args else ""
-        if resource not in _MESSAGE | {"REPLY"}:
+        if resource not in _PUBLISH_RESOURCES:
             return self._usage("PUBLISH MESSAGE|REPLY <topic> <cmuid>")
         error, topic = self._publish_target(args[1:])
         framer = MessageFramer(max_header_lines=self._config.max_header_lines,
-                               max_message_bytes=self._message_limit(topic) if error is None
+                               max_message_bytes=self._message_limit(self._queue_params(topic)) if error is None
                                else self._config.max_message_bytes, keep_data=error is None)
         self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error, resource == "REPLY")
         return []
@@ -1594,25 +1641,29 @@ class Session:
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
-        refused = self._queue_limits(topic, publish.framer.sections)
+        params = self._queue_params(topic)
+        refused = self._queue_limits(topic, publish.framer.sections, params)
+        acted = acted_on(headers)  # each helper below scans these few instead of every header
+        sure = guaranteed(acted)
         if refused is not None:
-            return self._reply(refused) if guaranteed(headers) else []
+            return self._reply(refused) if sure else []
         now = self._now()
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
             account=self._account, guid=self._guid, accepted_at=now,
-            priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
-            expires_at=self._expiry(topic, headers, now), receipt=receipt_mode(headers),
-            delivery=self._delivery_mode(topic, headers),
+            priority=message_priority(acted), headers=headers, sections=publish.framer.sections,
+            expires_at=self._expiry(acted, now, params), receipt=receipt_mode(acted),
+            delivery=self._delivery_mode(topic, acted, params),
         )
-        reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
+        reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if sure else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
 
-    def _message_limit(self, topic: str) -> int:
-        """Data bytes one message to ``topic`` may carry: its ``max_message_bytes``, else the gateway's."""
-        return self._queue_params(topic).max_message_bytes or self._config.max_message_bytes
+    def _message_limit(self, params: QueueParameters) -> int:
+        """Data bytes one message to a topic of ``params`` may carry: its ``max_message_bytes``,
+        else the gateway's."""
+        return params.max_message_bytes or self._config.max_message_bytes
 
-    def _queue_limits(self, topic: str, sections: list[Section]) -> Reply | None:
+    def _queue_limits(self, topic: str, sections: list[Section], params: QueueParameters) -> Reply | None:
         """Spec section 6's per-queue maximum message size, count and total size.
 
         A message larger than its topic allows is 413 Entity too large, as for the gateway-wide
@@ -1624,9 +1675,8 @@ class Session:
         delivery book holds pending for the topic, so publishes accepted within the job's
         routing delay (about one micro-batch) are not counted yet and may overshoot it.
         """
-        params = self._queue_params(topic)
-        size = sum(len(section.data) for section in sections)
-        limit = self._message_limit(topic)
+        size = sum([len(section.data) for section in sections])
+        limit = self._message_limit(params)
         if size > limit:
             return Reply.error(ENTITY_TOO_LARGE, f"more than {limit} data bytes")
         messages, queued_bytes = self._queued(topic)
@@ -1637,13 +1687,12 @@ class Session:
                                                    f"{params.max_queue_bytes} bytes waiting")
         return None
 
-    def _expiry(self, topic: str, headers: Headers, now: int) -> int | None:
-        """The message's ``Timeout`` (already validated), else the topic's default, else the
-        server's, from ``now``."""
-        default = self._queue_params(topic).timeout or self._registry.server_timeout
-        text = next((v for n, v in headers if n.lower() == "timeout"), default)
-        timeout = parse_timeout(text)
-        return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
+    def _expiry(self, headers: Headers, now: int, params: QueueParameters) -> int | None:
+        """The message's ``Timeout`` (already validated), else the topic's default (``params``),
+        else the server's, from ``now``."""
+        text = _first(headers, "timeout") or params.timeout or self._registry.server_timeout
+        timeout = _timeout_micros(text)
+        return None if timeout is None else now + timeout
 
     # SUBSCRIBE, UNSUBSCRIBE
 

@@ -122,12 +122,7 @@ class _Event:
         """:meth:`to_json` as compact JSON (``json.dumps`` with ``separators=(",", ":")``),
         rendered by hand: the gateway encodes every message it accepts and every ACK."""
         head, layout = _layout(type(self))
-        parts = [head]
-        for key, name, encode in layout:
-            parts.append(key)
-            parts.append(encode(getattr(self, name)))
-        parts.append("}")
-        return "".join(parts).encode()
+        return (head + "".join([key + encode(getattr(self, name)) for key, name, encode in layout]) + "}").encode()
 
 
 @dataclass
