@@ -262,6 +262,26 @@ class LineBuffer:
             return Need.LINE_TOO_LONG
         return bytes(data[pos:end])
 
+    def read_block(self) -> list[bytes] | None:
+        """The lines up to the next empty line (which is consumed too), read at once, when they
+        are all here and plain: CRLF-terminated, no other LF among them, none empty or ``.`` and
+        none longer than the limit.  Otherwise None and nothing consumed: :meth:`read_line` them.
+        A PUBLISH's or NOTIFY's header lines are one such block, each data header another."""
+        if self._skipping:
+            return None
+        data, pos = self._data, self._pos
+        end = data.find(b"\r\n\r\n", pos)
+        if end <= pos:
+            return None
+        block = bytes(data[pos:end])
+        if block.count(b"\n") != block.count(b"\r\n"):  # a bare LF among them
+            return None
+        lines = block.split(b"\r\n")
+        if b"" in lines or b"." in lines or max(map(len, lines)) > self._max:  # "": an empty line first
+            return None
+        self._pos = self._scanned = end + 4
+        return lines
+
     def _await_lf(self) -> Need:
         """No LF yet: wait, unless the line is already too long to keep."""
         self._scanned = len(self._data)
@@ -404,7 +424,31 @@ class MessageFramer:
             return None
         return header
 
+    def _take_block(self, lines: list[bytes]) -> bool:
+        """Header lines read at once (:meth:`LineBuffer.read_block`), then their empty line: what
+        the line-by-line steps below would make of them, the lenient start of a data header
+        among the message headers included.  A ``.`` line is never among them."""
+        for line in lines:
+            header = self._parse_counted(line)
+            if header is None:
+                return True  # lost sync: the rest, read or not, is discarded up to the "." line
+            if self._state is not MessageFramer._step_headers:
+                self._section_headers.append(header)
+            elif header[0].lower() in _DATA_HEADER_STARTS:
+                self._section_headers = [header]
+                self._state = MessageFramer._step_data_headers
+            else:
+                self.headers.append(header)
+        if self._state is MessageFramer._step_headers:
+            self._state = MessageFramer._step_between
+        else:
+            self._start_data()
+        return True
+
     def _step_headers(self, buffer: LineBuffer) -> bool:
+        block = buffer.read_block()
+        if block is not None:
+            return self._take_block(block)
         while True:  # every message header line in the buffer, without returning to advance()
             line = self._header_line(buffer)
             if line is None:
@@ -422,6 +466,11 @@ class MessageFramer:
             self.headers.append(header)
 
     def _step_between(self, buffer: LineBuffer) -> bool:
+        block = buffer.read_block()
+        if block is not None:  # a data header: its first line is neither empty nor "."
+            self._section_headers = []
+            self._state = MessageFramer._step_data_headers
+            return self._take_block(block)
         line = self._header_line(buffer)
         if line is None:
             return self._state is MessageFramer._step_discard
@@ -435,6 +484,9 @@ class MessageFramer:
         return True
 
     def _step_data_headers(self, buffer: LineBuffer) -> bool:
+        block = buffer.read_block()
+        if block is not None:
+            return self._take_block(block)
         while True:  # every data header line in the buffer, without returning to advance()
             line = self._header_line(buffer)
             if line is None:
