@@ -565,9 +565,12 @@ def render_lines(lines: list[str]) -> bytes:
 def _section_header_lines(section: Section) -> list[str]:
     """The section's header lines with Content-Length set from its data, so the
     frame can never be miscounted."""
-    length = str(len(section.data))
-    lines = [f"{n}: {length if n.lower() == 'content-length' else v}" for n, v in section.headers]
-    if not any(n.lower() == "content-length" for n, _ in section.headers):
+    length, counted, lines = str(len(section.data)), False, []
+    for name, value in section.headers:
+        if name.lower() == "content-length":
+            counted, value = True, length
+        lines.append(f"{name}: {value}")
+    if not counted:
         lines.append(f"Content-Length: {length}")
     return lines
 
@@ -921,6 +924,7 @@ class Session:
         self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
         self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
         self._buffer = LineBuffer(config.max_line_bytes)
+        self._server_host = config.server_host.lower()  # what a 310 ACK <smuid> names
         self._phase = _Phase.NEW
         self._login_user: str | None = None
         self._account: str | None = None
@@ -1874,7 +1878,7 @@ class Session:
     def _named_smuid(self, text: str) -> int | None:
         """The number of a ``Smuid:`` value as this server renders it (``<server_host>/<number>``)."""
         host, _, number = text.rpartition("/")
-        if host.lower() != self._config.server_host.lower() or not (number.isascii() and number.isdigit()):
+        if host.lower() != self._server_host or not (number.isascii() and number.isdigit()):
             return None
         return int(number)
 

@@ -418,6 +418,8 @@ CONTROL_TYPES = frozenset({Subscribe, Unsubscribe, CreateTopic, RemoveTopic, Ren
 
 def decode(raw: bytes | str) -> _Event:
     """Parse one JSON event; unknown types raise ``ValueError``."""
+    if raw[:2] == b'{"':  # what json.loads does with such bytes, without its encoding detection
+        raw = raw.decode("utf-8", "surrogatepass")
     obj = json.loads(raw)
     cls = EVENT_TYPES.get(obj.pop("type", None))
     if cls is None:

@@ -127,3 +127,32 @@ _sections = st.lists(st.builds(Section, _headers, st.binary(max_size=64)), max_s
 def test_any_publish_equals_the_json_module(event):
     assert event.to_bytes() == reference_bytes(event)
     assert decode(event.to_bytes()).to_bytes() == event.to_bytes()
+
+
+def reference_decode(raw):
+    """decode as it was: json.loads straight on the bytes."""
+    obj = json.loads(raw)
+    cls = EVENT_TYPES.get(obj.pop("type", None))
+    if cls is None:
+        raise ValueError(f"unknown event type in {raw[:80]!r}")
+    if "sections" in obj:
+        obj["sections"] = [Section([tuple(h) for h in s["headers"]], base64.b64decode(s["data"]))
+                           for s in obj["sections"]]
+    if "headers" in obj:
+        obj["headers"] = [tuple(h) for h in obj["headers"]]
+    return cls(**obj)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"type":"sync","request":"r"}', '{"type":"sync","request":"r"}', b'\xef\xbb\xbf{"type":"sync","request":"r"}',
+    '{"type":"sync","request":"r"}'.encode("utf-16"), b'{"type":"sync","request":"\xed\xa0\x80"}',
+    b'{"type":"sync","request":"\xff"}', b'{"type":"nope"}', b'{"', b"", b"[]", b'{"type":"sync"}',
+    b'{"type":"sync","request":"\\ud800"}', EXAMPLES[0].to_bytes(), EXAMPLES[3].to_bytes(),
+])
+def test_decode_reads_bytes_as_json_loads_does(raw):
+    def outcome(parse):
+        try:
+            return parse(raw)
+        except Exception as error:  # noqa: BLE001 - the kind of failure is what is compared
+            return type(error)
+    assert outcome(decode) == outcome(reference_decode)
