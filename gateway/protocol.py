@@ -262,11 +262,12 @@ class LineBuffer:
             return Need.LINE_TOO_LONG
         return bytes(data[pos:end])
 
-    def read_block(self) -> list[bytes] | None:
+    def read_block(self, fits: Callable[[list[bytes]], bool] | None = None) -> list[bytes] | None:
         """The lines up to the next empty line (which is consumed too), read at once, when they
         are all here and plain: CRLF-terminated, no other LF among them, none empty or ``.`` and
         none longer than the limit.  Otherwise None and nothing consumed: :meth:`read_line` them.
-        A PUBLISH's or NOTIFY's header lines are one such block, each data header another."""
+        A PUBLISH's or NOTIFY's header lines are one such block, each data header another.
+        ``fits``: a further test the lines must pass to be consumed."""
         if self._skipping:
             return None
         data, pos = self._data, self._pos
@@ -279,8 +280,14 @@ class LineBuffer:
         lines = block.split(b"\r\n")
         if b"" in lines or b"." in lines or max(map(len, lines)) > self._max:  # "": an empty line first
             return None
+        if fits is not None and not fits(lines):
+            return None
         self._pos = self._scanned = end + 4
         return lines
+
+    def peek(self, size: int) -> bytes:
+        """Up to ``size`` bytes that come next, left unread."""
+        return bytes(self._data[self._pos:self._pos + size])
 
     def _await_lf(self) -> Need:
         """No LF yet: wait, unless the line is already too long to keep."""

@@ -339,3 +339,37 @@ def test_canonical_agrees_with_the_level_by_level_check(topic):
         assert (raised.value.reason, raised.value.too_long) == (error.reason, error.too_long)
     else:
         assert canonical(topic) == expected
+
+
+# --------------------------------------------------------------------------
+# Client replies read as a block
+
+
+def _client_frames(data: bytes, expect: tuple[bool, ...], chunks: list[bytes]):
+    from gateway import client_protocol as cp
+    reader = cp.ServerReader(greeting=False)
+    for messages in expect:
+        reader.expect_reply(messages=messages)
+    frames = []
+    try:
+        for chunk in chunks:
+            frames += reader.feed(chunk)
+    except cp.ServerProtocolError as error:
+        frames.append(("error", str(error)))
+    return frames
+
+
+@pytest.mark.parametrize("data, expect", [
+    (b"200-OK\r\n200 C1 2001083408341157\r\n\r\n", (False,)),
+    (b"200\r\n\r\n310 ACK www.host.com/5\r\n\r\n", (False, False)),
+    (b"200-OK\r\n404 Not found\r\n\r\n", (False,)),  # the code changes inside the reply: an error
+    (b"200-OK\r\n200-more\r\n\r\n200 end\r\n\r\n", (False,)),  # an empty line inside a reply
+    (b"200 OK\r\nNOTIFY SERVER BYE\r\n\r\n", (False,)),  # no empty line after the reply
+    (b"200 OK\r\n\r\n", (True,)),  # GET MESSAGE: read line by line
+    (b"+ go on\r\n\r\n200 OK\r\n\r\n", (False, False)),
+    (b"2x0 OK\r\n\r\n", (False,)),
+    ("200 caf\u00e9 \udcff".encode("utf-8", "surrogateescape") + b"\r\n\r\n", (False,)),
+])
+def test_client_replies_read_whole_equal_those_read_byte_by_byte(data, expect):
+    whole = _client_frames(data, expect, [data])
+    assert whole == _client_frames(data, expect, [data[i:i + 1] for i in range(len(data))])
