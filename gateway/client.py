@@ -116,7 +116,10 @@ class _MessageFields:
 
     @property
     def data(self) -> bytes:
-        return b"".join(section.data for section in self.sections)
+        sections = self.sections
+        if len(sections) == 1:  # the usual message: its one section's bytes, not a copy
+            return sections[0].data
+        return b"".join([section.data for section in sections])
 
 
 @dataclass(eq=False)

@@ -271,6 +271,8 @@ class LineBuffer:
         if self._skipping:
             return None
         data, pos = self._data, self._pos
+        if data.startswith(b".\r\n", pos):  # the end of a frame, as a rule
+            return None
         end = data.find(b"\r\n\r\n", pos)
         if end <= pos:
             return None
@@ -512,14 +514,20 @@ class MessageFramer:
 
     def _start_data(self) -> None:
         """The data header is complete: validate it and count the data to come."""
-        lengths = [v for n, v in self._section_headers if n.lower() == "content-length"]
+        lengths, typed = [], False
+        for name, value in self._section_headers:
+            name = name.lower()
+            if name == "content-length":
+                lengths.append(value)
+            elif name == "content-type":
+                typed = True
         if not lengths:
             self._lose_sync(Reply.error(LENGTH_REQUIRED, "Content-Length missing"))
             return
         if len(lengths) > 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
             self._lose_sync(Reply.error(BAD_REQUEST, "bad Content-Length"))
             return
-        if not any(n.lower() == "content-type" for n, _ in self._section_headers):
+        if not typed:
             self._keep_error(Reply.error(BAD_REQUEST, "Content-Type missing"))
         self._remaining = int(lengths[0])
         self._total += self._remaining

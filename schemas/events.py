@@ -80,11 +80,13 @@ def _json_headers(headers: Headers) -> str:
 
 
 def _json_section(section: Section) -> str:
+    """:meth:`Section.to_json` as JSON text (base64 text needs no escaping)."""
     data = binascii.b2a_base64(section.data, newline=False).decode("ascii")  # b64encode's own
     return '{"headers":' + _json_headers(section.headers) + ',"data":"' + data + '"}'
 
 
 def _json_sections(sections: list[Section]) -> str:
+    """A list of sections as JSON text."""
     return "[" + ",".join([_json_section(s) for s in sections]) + "]"
 
 
