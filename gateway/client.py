@@ -88,7 +88,18 @@ class _MessageFields:
 
     def header(self, name: str) -> str | None:
         """The first header attribute called ``name`` (case-insensitive)."""
-        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+        return self._attributes(name.lower())[0]
+
+    def _attributes(self, *names: str) -> list[str | None]:
+        """The first value of each of ``names`` (lower case), in one pass over the headers."""
+        found: list[str | None] = [None] * len(names)
+        for key, value in self.headers:
+            key = key.lower()
+            if key in names:
+                index = names.index(key)
+                if found[index] is None:
+                    found[index] = value
+        return found
 
     @property
     def smuid(self) -> int:
@@ -105,7 +116,10 @@ class _MessageFields:
 
     @property
     def data(self) -> bytes:
-        return b"".join(section.data for section in self.sections)
+        sections = self.sections
+        if len(sections) == 1:  # the usual message: its one section's bytes, not a copy
+            return sections[0].data
+        return b"".join([section.data for section in sections])
 
 
 @dataclass(eq=False)
@@ -141,18 +155,24 @@ class Notification(_MessageFields):
     @property
     def needs_ack(self) -> bool:
         """A NOTIFY MESSAGE awaiting its two-phase ACK (not one of a ``Guarantee: NO`` message)."""
-        guarantee = (self.header("Guarantee") or self.header("Guar") or "YES").upper()
-        return self.resource == "MESSAGE" and guarantee != "NO" and not self._acked
+        return self._ack_smuid()[0]
+
+    def _ack_smuid(self) -> tuple[bool, str | None]:
+        """(:attr:`needs_ack`, the ``Smuid`` value), from one pass over the headers."""
+        if self.resource != "MESSAGE" or self._acked:
+            return False, None
+        guarantee, guar, smuid = self._attributes("guarantee", "guar", "smuid")
+        return (guarantee or guar or "YES").upper() != "NO", smuid
 
     async def ack(self) -> None:
         """The client half of the two-phase commit, on the connection the NOTIFY came on;
         returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice.
         In a notify window (:meth:`SMQPClient.set_notify_window`) it names the message,
         ``310 ACK <smuid>``, so acknowledgements may be sent in any order and overlap."""
-        if not self.needs_ack:
+        needs, smuid = self._ack_smuid()
+        if not needs:
             return
         self._acked = True
-        smuid = self.header("Smuid")
         try:
             if self._client.notify_window == 1:
                 await self._client._request(self._channel, cp.ACK)
@@ -214,6 +234,64 @@ class Notification(_MessageFields):
 
 
 _CLOSED = object()  # queued after the last notification of a closed connection
+_READ_LIMIT = 2 ** 16  # asyncio's default StreamReader limit
+
+
+class _PushReader(asyncio.StreamReader):
+    """A StreamReader that hands each chunk to its channel (:meth:`_Channel.received`) as the
+    transport delivers it, instead of buffering it for a read loop to collect: a reply then wakes
+    the request waiting for it in the event-loop step it arrived in, not one step (and a task
+    switch) later.  What arrives before the channel is attached is kept and handed over then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__(limit=_READ_LIMIT, loop=loop)
+        self._channel: _Channel | None = None
+        self._early: list[bytes] = []
+        self._ended: tuple[BaseException | None] | None = None  # (exception,) once the connection ended
+
+    def attach(self, channel: _Channel) -> None:
+        self._channel = channel
+        early, self._early = b"".join(self._early), []
+        if early:
+            channel.received(early)
+        if self._ended is not None:
+            channel.ended()
+
+    def feed_data(self, data: bytes) -> None:
+        if self._channel is None:
+            self._early.append(bytes(data))
+        else:
+            self._channel.received(data)
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self._end(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        super().set_exception(exc)
+        self._end(exc)
+
+    def _end(self, exc: BaseException | None) -> None:
+        self._ended = (exc,)
+        if self._channel is not None:
+            self._channel.ended()
+
+
+async def _open_connection(host: str, port: int, ssl: ssl_module.SSLContext | None
+                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection`` with a :class:`_PushReader`."""
+    loop = asyncio.get_running_loop()
+    reader = _PushReader(loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, host, port, ssl=ssl)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+async def _start_server(connected, host: str | None, port: int) -> asyncio.Server:
+    """``asyncio.start_server`` with a :class:`_PushReader` per connection."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: asyncio.StreamReaderProtocol(_PushReader(loop), connected, loop=loop), host, port)
 
 
 class _Channel:
@@ -233,33 +311,55 @@ class _Channel:
         self.lock = asyncio.Lock()  # held while writing, and across an exchange that must not interleave
         self.closed = asyncio.Event()
         self.error: Exception | None = None
-        self.task = asyncio.create_task(self._read_loop())
+        self.task: asyncio.Task | None = None
+        if isinstance(reader, _PushReader):
+            # the reader calls received() and ended() from then on; attached once the caller is
+            # done building (the client keeps this channel as its _main only after it returns)
+            asyncio.get_running_loop().call_soon(reader.attach, self)
+        else:
+            self.task = asyncio.create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
+        """For a plain StreamReader: collect what it buffered, until the connection ends."""
         try:
-            while data := await self.reader.read(65536):
-                for frame in self.parser.feed(data):
-                    self._dispatch(frame)
+            while not self.closed.is_set() and (data := await self.reader.read(65536)):
+                self.received(data)
         except OSError:
             pass  # reset, or closed under us: the waiters hear "connection closed"
+        finally:
+            self.ended()
+
+    def received(self, data: bytes) -> None:
+        """Dispatch the frames completed by ``data``; bytes that fit no frame end the connection."""
+        if self.closed.is_set():
+            return
+        try:
+            for frame in self.parser.feed(data):
+                self._dispatch(frame)
         except Exception as error:  # noqa: BLE001 - ServerProtocolError above all: we cannot resync
             self.error = error
             self.writer.transport.abort()
-        finally:
-            self.closed.set()
-            problem = self.error or ConnectionError("connection closed by server")
-            for waiter in self.waiting:
-                if not waiter.done():
-                    waiter.set_exception(problem)
-            self.waiting.clear()
-            self.client._channel_closed(self)
+            self.ended()
+
+    def ended(self) -> None:
+        """The connection is gone (once): the waiters hear why, the client forgets the channel."""
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        problem = self.error or ConnectionError("connection closed by server")
+        for waiter in self.waiting:
+            if not waiter.done():
+                waiter.set_exception(problem)
+        self.waiting.clear()
+        self.client._channel_closed(self)
 
     def _dispatch(self, frame: cp.Frame) -> None:
         if isinstance(frame, cp.Greeting):
             self.client._greeting(frame.text)
         elif isinstance(frame, cp.NotifyFrame):
             note = Notification(frame.resource, frame.topic, frame.headers, frame.sections, self.client, self)
-            smuid = note.header("Smuid") if note.needs_ack else None
+            needs, smuid = note._ack_smuid()
+            smuid = smuid if needs else None
             if smuid is not None and smuid in self.unacknowledged:
                 return  # the server's retry of a NOTIFY handed over: one message, one 310 ACK
             if smuid is not None:
@@ -286,9 +386,10 @@ class _Channel:
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
 
 
 def _check(frame: cp.ReplyFrame | cp.Continuation) -> cp.ReplyFrame | cp.Continuation:
@@ -359,7 +460,7 @@ class SMQPClient:
     async def connect(cls, host: str, port: int, timeout: float = 10.0, *,
                       ssl: ssl_module.SSLContext | None = None) -> SMQPClient:
         """Open a connection (SMQPS when ``ssl`` is given) and wait for the server's identification line."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ssl), timeout)
+        reader, writer = await asyncio.wait_for(_open_connection(host, port, ssl), timeout)
         client = cls(reader, writer)
         try:
             client.greeting = await asyncio.wait_for(client._greeted, timeout)
@@ -647,7 +748,7 @@ class SMQPClient:
         """
         bind = listen_host or host or self._main.writer.get_extra_info("sockname")[0]
         before = set(self._notify_channels)
-        listener = await asyncio.start_server(self._accept_notify, bind, port)
+        listener = await _start_server(self._accept_notify, bind, port)
         actual = listener.sockets[0].getsockname()[1]
         try:
             await self.command("SET", "NOTIFY", "PORT", str(actual), *([host] if host else []))

@@ -232,6 +232,15 @@ def _reply_line(line: str) -> tuple[int, bool, str] | None:
     return int(code), sep != "-", text
 
 
+def _one_reply(lines: list[bytes]) -> bool:
+    """``lines`` are exactly one whole reply: ``<code>-text`` lines, then ``<code> text``."""
+    last = lines[-1]
+    code = last[:3]
+    if len(code) != 3 or not code.isdigit() or last[3:4] not in (b" ", b""):
+        return False
+    return all(line[:3] == code and line[3:4] == b"-" for line in lines[:-1])
+
+
 @dataclass
 class _GetReply:
     """A GET MESSAGE reply past its ``200 OK``: messages so far, the one being read."""
@@ -299,6 +308,13 @@ class ServerReader:
                 return self._notify_body()
             if self._get is not None:
                 return self._get_body()
+            if (self._expected and not self._expected[0] and self._reply is None and self._greeted
+                    and self._buffer.peek(1).isdigit()):  # a plain reply awaited and coming
+                lines = self._buffer.read_block(_one_reply)
+                if lines is not None:  # a whole reply and its empty line, as _on_line would read them
+                    self._pop_expected()
+                    return ReplyFrame(int(lines[0][:3]), [line[4:].decode("utf-8", errors="replace")
+                                                          for line in lines])
             line = self._read_line()
             if line is None:
                 return None

@@ -49,6 +49,7 @@ import base64
 import enum
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Callable, Union
@@ -94,7 +95,7 @@ from schemas.events import (
     Watch,
 )
 from schemas.queue_params import QueueParameters
-from schemas.timefmt import format_date_time, parse_date_time, parse_timeout
+from schemas.timefmt import format_date_time, format_micros, parse_date_time, parse_timeout
 from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
                             trash_topic)
 
@@ -212,63 +213,113 @@ class LineBuffer:
     Holds at most one unfinished line of ``max_line_bytes`` (plus whatever
     arrived in the current chunk): an overlong line is reported once and its
     rest dropped as it arrives, up to its LF.
+
+    The bytes are kept as received with a read position, not cut on every
+    line: a chunk that holds whole frames (the usual case) is read by slicing
+    it, one copy per line and no moving of what follows.  Only a partial line
+    left at the end of a chunk is copied into a growable buffer.
     """
 
     def __init__(self, max_line_bytes: int):
         self._max = max_line_bytes
-        self._data = bytearray()
-        self._scanned = 0  # bytes already searched for LF
+        self._data: bytes | bytearray = b""
+        self._pos = 0  # start of the bytes not yet consumed
+        self._scanned = 0  # bytes before this index already searched for LF
         self._skipping = False  # dropping the rest of an overlong line
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._data) - self._pos
 
     @property
     def pending(self) -> bool:
         """True while a partial line or an overlong line's tail is outstanding."""
-        return bool(self._data) or self._skipping
+        return len(self._data) > self._pos or self._skipping
 
     def feed(self, data: bytes) -> None:
+        if self._pos >= len(self._data):  # all consumed: read the new chunk in place
+            self._data, self._pos, self._scanned = bytes(data), 0, 0
+            return
+        if type(self._data) is bytes:
+            self._data = bytearray(memoryview(self._data)[self._pos:])
+        else:
+            del self._data[:self._pos]
+        self._scanned = max(self._scanned - self._pos, 0)
+        self._pos = 0
         self._data += data
 
     def read_line(self) -> bytes | Need:
         """The next line without its CRLF (or bare LF), or why there is none yet."""
         if self._skipping and not self._skip_to_lf():
             return Need.DATA
-        end = self._data.find(b"\n", self._scanned)
+        data, pos = self._data, self._pos
+        end = data.find(b"\n", self._scanned if self._scanned > pos else pos)
         if end < 0:
             return self._await_lf()
-        line = bytes(self._data[:end])
-        del self._data[: end + 1]
-        self._scanned = 0
-        line = line[:-1] if line.endswith(b"\r") else line
-        return Need.LINE_TOO_LONG if len(line) > self._max else line
+        self._pos = self._scanned = end + 1
+        if end > pos and data[end - 1] == 13:  # CR
+            end -= 1
+        if end - pos > self._max:
+            return Need.LINE_TOO_LONG
+        return bytes(data[pos:end])
+
+    def read_block(self, fits: Callable[[list[bytes]], bool] | None = None) -> list[bytes] | None:
+        """The lines up to the next empty line (which is consumed too), read at once, when they
+        are all here and plain: CRLF-terminated, no other LF among them, none empty or ``.`` and
+        none longer than the limit.  Otherwise None and nothing consumed: :meth:`read_line` them.
+        A PUBLISH's or NOTIFY's header lines are one such block, each data header another.
+        ``fits``: a further test the lines must pass to be consumed."""
+        if self._skipping:
+            return None
+        data, pos = self._data, self._pos
+        if data.startswith(b".\r\n", pos):  # the end of a frame, as a rule
+            return None
+        end = data.find(b"\r\n\r\n", pos)
+        if end <= pos:
+            return None
+        block = bytes(data[pos:end])
+        if block.count(b"\n") != block.count(b"\r\n"):  # a bare LF among them
+            return None
+        lines = block.split(b"\r\n")
+        if b"" in lines or b"." in lines or max(map(len, lines)) > self._max:  # "": an empty line first
+            return None
+        if fits is not None and not fits(lines):
+            return None
+        self._pos = self._scanned = end + 4
+        return lines
+
+    def peek(self, size: int) -> bytes:
+        """Up to ``size`` bytes that come next, left unread."""
+        return bytes(self._data[self._pos:self._pos + size])
 
     def _await_lf(self) -> Need:
         """No LF yet: wait, unless the line is already too long to keep."""
         self._scanned = len(self._data)
-        if len(self._data) <= self._max + 1:  # room for the line and its CR
+        if len(self._data) - self._pos <= self._max + 1:  # room for the line and its CR
             return Need.DATA
-        self._data.clear()
-        self._scanned = 0
+        self._drop_all()
         self._skipping = True
         return Need.LINE_TOO_LONG
 
+    def _drop_all(self) -> None:
+        self._data, self._pos, self._scanned = b"", 0, 0
+
     def _skip_to_lf(self) -> bool:
         """Drop an overlong line's tail; True once its LF has gone too."""
-        end = self._data.find(b"\n")
+        end = self._data.find(b"\n", self._pos)
         if end < 0:
-            self._data.clear()
+            self._drop_all()
             return False
-        del self._data[: end + 1]
+        self._pos = self._scanned = end + 1
         self._skipping = False
         return True
 
     def take(self, limit: int) -> bytes:
         """Up to ``limit`` raw bytes (data, not lines)."""
-        chunk = bytes(self._data[:limit])
-        del self._data[:limit]
-        self._scanned = 0
+        pos = self._pos
+        chunk = bytes(self._data[pos:pos + limit])
+        self._pos = pos = pos + len(chunk)
+        if self._scanned < pos:
+            self._scanned = pos
         return chunk
 
 
@@ -276,14 +327,20 @@ class LineBuffer:
 # The framing rule
 
 
+#: A control character other than TAB, as a byte: in UTF-8 text these bytes stand only for
+#: themselves (every byte of a multi-byte sequence is >= 0x80), so searching the raw line
+#: finds exactly the characters ``ord(c) < 32 and c != "\t" or c == "\x7f"`` of its text.
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def parse_header(line: bytes) -> tuple[str, str] | None:
     """``Name: value`` → (name, stripped value); None if it is not one."""
+    if _CONTROL_BYTE.search(line) is not None:
+        return None  # a stray CR could split the line again on the subscriber's side
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in text):
-        return None  # a stray CR could split the line again on the subscriber's side
     name, colon, value = text.partition(":")
     if not colon or not name or name != name.strip() or " " in name or "\t" in name:
         return None
@@ -291,16 +348,6 @@ def parse_header(line: bytes) -> tuple[str, str] | None:
 
 
 _DATA_HEADER_STARTS = frozenset({"content-type", "content-length"})
-
-
-class _State(enum.Enum):
-    HEADERS = "message header lines"
-    BETWEEN = "between data sections"
-    DATA_HEADERS = "data header lines"
-    DATA = "data bytes"
-    DATA_END = "CRLF after data"
-    DISCARD = "discarding up to the '.' line"
-    DONE = "done"
 
 
 class MessageFramer:
@@ -331,30 +378,23 @@ class MessageFramer:
         self._max_header_lines = max_header_lines
         self._max_bytes = max_message_bytes
         self._keep = keep_data
-        self._state = _State.HEADERS
+        # the step that reads what comes next (an unbound method, called with self); None once done
+        self._state: Callable[[MessageFramer, LineBuffer], bool] | None = MessageFramer._step_headers
         self._header_lines = 0
         self._total = 0
         self._section_headers: Headers = []
         self._chunks: list[bytes] = []
         self._remaining = 0
-        self._steps = MappingProxyType({
-            _State.HEADERS: self._step_headers,
-            _State.BETWEEN: self._step_between,
-            _State.DATA_HEADERS: self._step_data_headers,
-            _State.DATA: self._step_data,
-            _State.DATA_END: self._step_data_end,
-            _State.DISCARD: self._step_discard,
-        })
 
     @property
     def done(self) -> bool:
-        return self._state is _State.DONE
+        return self._state is None
 
     def advance(self, buffer: LineBuffer) -> bool:
         """Consume what ``buffer`` holds; True once the frame's ``.`` line is read."""
-        while not self.done and self._steps[self._state](buffer):
+        while self._state is not None and self._state(self, buffer):
             pass
-        return self.done
+        return self._state is None
 
     # -- errors
 
@@ -367,7 +407,7 @@ class MessageFramer:
     def _lose_sync(self, reply: Reply) -> bool:
         """An error after which only the ``.`` line can tell where the frame ends."""
         self._keep_error(reply)
-        self._state = _State.DISCARD
+        self._state = MessageFramer._step_discard
         return True
 
     # -- steps: each returns True if it made progress
@@ -393,66 +433,108 @@ class MessageFramer:
             return None
         return header
 
-    def _step_headers(self, buffer: LineBuffer) -> bool:
-        line = self._header_line(buffer)
-        if line is None:
-            return self._state is _State.DISCARD
-        if line in (b"", b"."):
-            self._state = _State.BETWEEN if line == b"" else _State.DONE
-            return True
-        header = self._parse_counted(line)
-        if header is not None and header[0].lower() in _DATA_HEADER_STARTS:
-            self._section_headers = [header]
-            self._state = _State.DATA_HEADERS
-        elif header is not None:
-            self.headers.append(header)
+    def _take_block(self, lines: list[bytes]) -> bool:
+        """Header lines read at once (:meth:`LineBuffer.read_block`), then their empty line: what
+        the line-by-line steps below would make of them, the lenient start of a data header
+        among the message headers included.  A ``.`` line is never among them."""
+        for line in lines:
+            header = self._parse_counted(line)
+            if header is None:
+                return True  # lost sync: the rest, read or not, is discarded up to the "." line
+            if self._state is not MessageFramer._step_headers:
+                self._section_headers.append(header)
+            elif header[0].lower() in _DATA_HEADER_STARTS:
+                self._section_headers = [header]
+                self._state = MessageFramer._step_data_headers
+            else:
+                self.headers.append(header)
+        if self._state is MessageFramer._step_headers:
+            self._state = MessageFramer._step_between
+        else:
+            self._start_data()
         return True
 
+    def _step_headers(self, buffer: LineBuffer) -> bool:
+        block = buffer.read_block()
+        if block is not None:
+            return self._take_block(block)
+        while True:  # every message header line in the buffer, without returning to advance()
+            line = self._header_line(buffer)
+            if line is None:
+                return self._state is MessageFramer._step_discard
+            if line in (b"", b"."):
+                self._state = MessageFramer._step_between if line == b"" else None
+                return True
+            header = self._parse_counted(line)
+            if header is None:
+                return True
+            if header[0].lower() in _DATA_HEADER_STARTS:
+                self._section_headers = [header]
+                self._state = MessageFramer._step_data_headers
+                return True
+            self.headers.append(header)
+
     def _step_between(self, buffer: LineBuffer) -> bool:
+        block = buffer.read_block()
+        if block is not None:  # a data header: its first line is neither empty nor "."
+            self._section_headers = []
+            self._state = MessageFramer._step_data_headers
+            return self._take_block(block)
         line = self._header_line(buffer)
         if line is None:
-            return self._state is _State.DISCARD
+            return self._state is MessageFramer._step_discard
         if line == b".":
-            self._state = _State.DONE
+            self._state = None
         elif line != b"":
             header = self._parse_counted(line)
             if header is not None:
                 self._section_headers = [header]
-                self._state = _State.DATA_HEADERS
+                self._state = MessageFramer._step_data_headers
         return True
 
     def _step_data_headers(self, buffer: LineBuffer) -> bool:
-        line = self._header_line(buffer)
-        if line is None:
-            return self._state is _State.DISCARD
-        if line == b".":
-            self._keep_error(Reply.error(BAD_REQUEST, "data header without data"))
-            self._state = _State.DONE
-        elif line == b"":
-            self._start_data()
-        else:
+        block = buffer.read_block()
+        if block is not None:
+            return self._take_block(block)
+        while True:  # every data header line in the buffer, without returning to advance()
+            line = self._header_line(buffer)
+            if line is None:
+                return self._state is MessageFramer._step_discard
+            if line == b".":
+                self._keep_error(Reply.error(BAD_REQUEST, "data header without data"))
+                self._state = None
+                return True
+            if line == b"":
+                self._start_data()
+                return True
             header = self._parse_counted(line)
-            if header is not None:
-                self._section_headers.append(header)
-        return True
+            if header is None:
+                return True
+            self._section_headers.append(header)
 
     def _start_data(self) -> None:
         """The data header is complete: validate it and count the data to come."""
-        lengths = [v for n, v in self._section_headers if n.lower() == "content-length"]
+        lengths, typed = [], False
+        for name, value in self._section_headers:
+            name = name.lower()
+            if name == "content-length":
+                lengths.append(value)
+            elif name == "content-type":
+                typed = True
         if not lengths:
             self._lose_sync(Reply.error(LENGTH_REQUIRED, "Content-Length missing"))
             return
         if len(lengths) > 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
             self._lose_sync(Reply.error(BAD_REQUEST, "bad Content-Length"))
             return
-        if not any(n.lower() == "content-type" for n, _ in self._section_headers):
+        if not typed:
             self._keep_error(Reply.error(BAD_REQUEST, "Content-Type missing"))
         self._remaining = int(lengths[0])
         self._total += self._remaining
         if self._total > self._max_bytes:
             self._keep_error(Reply.error(ENTITY_TOO_LARGE, f"more than {self._max_bytes} data bytes"))
         self._chunks = []
-        self._state = _State.DATA
+        self._state = MessageFramer._step_data
 
     def _step_data(self, buffer: LineBuffer) -> bool:
         if self._remaining:
@@ -463,7 +545,7 @@ class MessageFramer:
             if self._keep:
                 self._chunks.append(chunk)
         if not self._remaining:
-            self._state = _State.DATA_END
+            self._state = MessageFramer._step_data_end
         return True
 
     def _step_data_end(self, buffer: LineBuffer) -> bool:
@@ -472,9 +554,10 @@ class MessageFramer:
         if buffer.take(2) != CRLF:
             return self._lose_sync(Reply.error(BAD_REQUEST, "Content-Length does not match the data"))
         if self._keep:
-            self.sections.append(Section(self._section_headers, b"".join(self._chunks)))
+            chunks = self._chunks
+            self.sections.append(Section(self._section_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)))
         self._chunks = []
-        self._state = _State.BETWEEN
+        self._state = MessageFramer._step_between
         return True
 
     def _step_discard(self, buffer: LineBuffer) -> bool:
@@ -482,7 +565,7 @@ class MessageFramer:
         if line is Need.DATA:
             return False
         if line == b".":
-            self._state = _State.DONE
+            self._state = None
         return True
 
 
@@ -491,15 +574,18 @@ class MessageFramer:
 
 
 def render_lines(lines: list[str]) -> bytes:
-    return "".join(f"{line}\r\n" for line in lines).encode("utf-8")
+    return "".join([f"{line}\r\n" for line in lines]).encode("utf-8")
 
 
 def _section_header_lines(section: Section) -> list[str]:
     """The section's header lines with Content-Length set from its data, so the
     frame can never be miscounted."""
-    length = str(len(section.data))
-    lines = [f"{n}: {length if n.lower() == 'content-length' else v}" for n, v in section.headers]
-    if not any(n.lower() == "content-length" for n, _ in section.headers):
+    length, counted, lines = str(len(section.data)), False, []
+    for name, value in section.headers:
+        if name.lower() == "content-length":
+            counted, value = True, length
+        lines.append(f"{name}: {value}")
+    if not counted:
         lines.append(f"Content-Length: {length}")
     return lines
 
@@ -509,12 +595,20 @@ def render_body(headers: Headers, sections: list[Section]) -> bytes:
 
     The inverse of :class:`MessageFramer`; both PUBLISH and NOTIFY use it.
     """
-    parts = [render_lines([f"{n}: {v}" for n, v in headers]), CRLF]
+    return _render_body("".join([f"{n}: {v}\r\n" for n, v in headers]), sections)
+
+
+def _render_body(head: str, sections: list[Section], tail: str = "") -> bytes:
+    """:func:`render_body` after ``head`` (lines already ending in CRLF), then ``tail``:
+    the text between the data sections is encoded in one piece each."""
+    text = head + "\r\n"
+    parts = []
     for index, section in enumerate(sections):
-        if index:
-            parts.append(CRLF)
-        parts += [render_lines(_section_header_lines(section)), CRLF, section.data, CRLF]
-    parts.append(b".\r\n")
+        lines = "".join([f"{line}\r\n" for line in _section_header_lines(section)])
+        parts += [(text + "\r\n" + lines + "\r\n" if index else text + lines + "\r\n").encode("utf-8"),
+                  section.data]
+        text = "\r\n"
+    parts.append((text + ".\r\n" + tail).encode("utf-8"))
     return b"".join(parts)
 
 
@@ -524,17 +618,18 @@ _SERVER_AFFIXED = frozenset({"created", "smuid", "cmuid"})
 def render_notify(deliver: Deliver, server_host: str) -> bytes:
     """NOTIFY MESSAGE in spec 4.1.11.1's order: Created, Smuid, Cmuid, then the
     publisher's other attributes as sent, the sections, ``.``, an empty line."""
-    created = next((v for n, v in deliver.headers if n.lower() == "created"), None)
+    created, others = None, []
+    for name, value in deliver.headers:
+        key = name.lower()
+        if key not in _SERVER_AFFIXED:
+            others.append(f"{name}: {value}\r\n")
+        elif key == "created" and created is None:
+            created = value
     if created is None:
-        created = format_date_time(from_micros(deliver.accepted_at))
-    head = [
-        f"NOTIFY MESSAGE {deliver.topic}",
-        f"Created: {created}",
-        f"Smuid: {server_host}/{deliver.smuid}",
-        f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}",
-    ]
-    others = [(n, v) for n, v in deliver.headers if n.lower() not in _SERVER_AFFIXED]
-    return render_lines(head) + render_body(others, deliver.sections) + CRLF
+        created = format_micros(deliver.accepted_at)
+    head = (f"NOTIFY MESSAGE {deliver.topic}\r\nCreated: {created}\r\nSmuid: {server_host}/{deliver.smuid}\r\n"
+            f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}\r\n")
+    return _render_body(head + "".join(others), deliver.sections, "\r\n")
 
 
 def to_micros(moment: datetime) -> int:
@@ -593,6 +688,33 @@ def check_message_headers(headers: Headers) -> Reply | None:
         if check is not None and not check(value):
             return Reply.error(BAD_REQUEST, f"bad {name} value")
     return None
+
+
+#: Header attributes (lower case) that decide how a message is handled, for :func:`acted_on`.
+_ACTED_ON = frozenset({"guarantee", "guar", "receipt", "priority", "pri", "timeout", "delivery"})
+
+
+def acted_on(headers: Headers) -> Headers:
+    """The attributes among ``headers`` that :func:`guaranteed`, :func:`receipt_mode`,
+    :func:`message_priority` and a message's timeout and delivery read, names lower-cased, in
+    order: those helpers give the same answers on them, without scanning the others each."""
+    return [(name.lower(), value) for name, value in headers if name.lower() in _ACTED_ON]
+
+
+def _first(headers: Headers, name: str) -> str | None:
+    """The value of the first attribute called ``name`` (lower case), None if there is none."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _timeout_micros(text: str) -> int | None:
+    """A timeout (already validated) in microseconds, None for a state message: every publish
+    reads one, and most read their topic's default."""
+    timeout = parse_timeout(text)
+    return None if timeout is None else int(timeout.total_seconds() * 1_000_000)
 
 
 def guaranteed(headers: Headers) -> bool:
@@ -771,6 +893,7 @@ _MESSAGE = frozenset({"MESSAGE", "MESS", "MESSAGES"})
 _TOPIC = frozenset({"TOPIC", "TOPICS"})
 _SUBSCRIBERS = frozenset({"SUBSCRIBERS", "SUBSCRIBER", "SUB"})
 _SERVER = frozenset({"SERVER", "SERV"})
+_PUBLISH_RESOURCES = _MESSAGE | {"REPLY"}
 _PROFILE = MappingProxyType({"NAME": "name", "EMAIL": "email", "ADDRESS": "address", "PHONE": "phone"})
 _CREATE_ARGS = re.compile(r"^(?P<topic>\S+)(?:\s+(?P<keywords>\([^)]*\)))?(?:\s+>\s*(?P<target>\S+))?\s*$")
 
@@ -816,6 +939,7 @@ class Session:
         self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
         self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
         self._buffer = LineBuffer(config.max_line_bytes)
+        self._server_host = config.server_host.lower()  # what a 310 ACK <smuid> names
         self._phase = _Phase.NEW
         self._login_user: str | None = None
         self._account: str | None = None
@@ -971,11 +1095,14 @@ class Session:
     def _dispatch(self, line: bytes) -> list[Action]:
         """One command line → its ``smqp_<VERB>`` handler."""
         self._on_command(line)
+        if not line:  # the empty line the spec's clients send after each command
+            self._line = ""
+            return []
         try:
             self._line = line.decode("utf-8")
         except UnicodeDecodeError:
             return self._bad(Reply.error(BAD_REQUEST, "command is not UTF-8"))
-        if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in self._line):
+        if _CONTROL_BYTE.search(line) is not None:
             return self._bad(Reply.error(BAD_REQUEST, "control character in command"))
         words = self._line.split()
         if not words:
@@ -1406,12 +1533,12 @@ class Session:
         return self._control(SetTopicDelivery(self._new_request(), self._account, topic, args[1].lower(),
                                               self._now()))
 
-    def _delivery_mode(self, topic: str, headers: Headers) -> str:
-        """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``), which a
-        message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
-        mode = self._registry.delivery(topic) or self._queue_params(topic).delivery
+    def _delivery_mode(self, topic: str, headers: Headers, params: QueueParameters) -> str:
+        """The topic's mode (SET TOPIC DELIVERY, else its configured ``delivery``, from ``params``),
+        which a message's ``Delivery`` attribute cannot override; else that attribute; else ALL."""
+        mode = self._registry.delivery(topic) or params.delivery
         if mode is None:
-            mode = next((v for n, v in headers if n.lower() == "delivery"), "all")
+            mode = _first(headers, "delivery") or "all"
         return mode.lower()
 
     def _set_password(self, args: list[str]) -> list[Action]:
@@ -1528,11 +1655,11 @@ class Session:
         """``PUB MESSAGE <topic> <cmuid>`` / ``PUB REPLY <topic> <cmuid>`` open a body;
         errors wait for its end."""
         resource = args[0].upper() if args else ""
-        if resource not in _MESSAGE | {"REPLY"}:
+        if resource not in _PUBLISH_RESOURCES:
             return self._usage("PUBLISH MESSAGE|REPLY <topic> <cmuid>")
         error, topic = self._publish_target(args[1:])
         framer = MessageFramer(max_header_lines=self._config.max_header_lines,
-                               max_message_bytes=self._message_limit(topic) if error is None
+                               max_message_bytes=self._message_limit(self._queue_params(topic)) if error is None
                                else self._config.max_message_bytes, keep_data=error is None)
         self._publish = _OpenPublish(framer, topic, args[2] if len(args) == 3 else "", error, resource == "REPLY")
         return []
@@ -1585,25 +1712,29 @@ class Session:
         return self._durable_publish(publish, account_topic(account), headers)
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
-        refused = self._queue_limits(topic, publish.framer.sections)
+        params = self._queue_params(topic)
+        refused = self._queue_limits(topic, publish.framer.sections, params)
+        acted = acted_on(headers)  # each helper below scans these few instead of every header
+        sure = guaranteed(acted)
         if refused is not None:
-            return self._reply(refused) if guaranteed(headers) else []
+            return self._reply(refused) if sure else []
         now = self._now()
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
             account=self._account, guid=self._guid, accepted_at=now,
-            priority=message_priority(headers), headers=headers, sections=publish.framer.sections,
-            expires_at=self._expiry(topic, headers, now), receipt=receipt_mode(headers),
-            delivery=self._delivery_mode(topic, headers),
+            priority=message_priority(acted), headers=headers, sections=publish.framer.sections,
+            expires_at=self._expiry(acted, now, params), receipt=receipt_mode(acted),
+            delivery=self._delivery_mode(topic, acted, params),
         )
-        reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if guaranteed(headers) else b""
+        reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if sure else b""
         return [Durable(event, topic.encode("utf-8"), reply)]
 
-    def _message_limit(self, topic: str) -> int:
-        """Data bytes one message to ``topic`` may carry: its ``max_message_bytes``, else the gateway's."""
-        return self._queue_params(topic).max_message_bytes or self._config.max_message_bytes
+    def _message_limit(self, params: QueueParameters) -> int:
+        """Data bytes one message to a topic of ``params`` may carry: its ``max_message_bytes``,
+        else the gateway's."""
+        return params.max_message_bytes or self._config.max_message_bytes
 
-    def _queue_limits(self, topic: str, sections: list[Section]) -> Reply | None:
+    def _queue_limits(self, topic: str, sections: list[Section], params: QueueParameters) -> Reply | None:
         """Spec section 6's per-queue maximum message size, count and total size.
 
         A message larger than its topic allows is 413 Entity too large, as for the gateway-wide
@@ -1615,9 +1746,8 @@ class Session:
         delivery book holds pending for the topic, so publishes accepted within the job's
         routing delay (about one micro-batch) are not counted yet and may overshoot it.
         """
-        params = self._queue_params(topic)
-        size = sum(len(section.data) for section in sections)
-        limit = self._message_limit(topic)
+        size = sum([len(section.data) for section in sections])
+        limit = self._message_limit(params)
         if size > limit:
             return Reply.error(ENTITY_TOO_LARGE, f"more than {limit} data bytes")
         messages, queued_bytes = self._queued(topic)
@@ -1628,13 +1758,12 @@ class Session:
                                                    f"{params.max_queue_bytes} bytes waiting")
         return None
 
-    def _expiry(self, topic: str, headers: Headers, now: int) -> int | None:
-        """The message's ``Timeout`` (already validated), else the topic's default, else the
-        server's, from ``now``."""
-        default = self._queue_params(topic).timeout or self._registry.server_timeout
-        text = next((v for n, v in headers if n.lower() == "timeout"), default)
-        timeout = parse_timeout(text)
-        return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
+    def _expiry(self, headers: Headers, now: int, params: QueueParameters) -> int | None:
+        """The message's ``Timeout`` (already validated), else the topic's default (``params``),
+        else the server's, from ``now``."""
+        text = _first(headers, "timeout") or params.timeout or self._registry.server_timeout
+        timeout = _timeout_micros(text)
+        return None if timeout is None else now + timeout
 
     # SUBSCRIBE, UNSUBSCRIBE
 
@@ -1764,7 +1893,7 @@ class Session:
     def _named_smuid(self, text: str) -> int | None:
         """The number of a ``Smuid:`` value as this server renders it (``<server_host>/<number>``)."""
         host, _, number = text.rpartition("/")
-        if host.lower() != self._config.server_host.lower() or not (number.isascii() and number.isdigit()):
+        if host.lower() != self._server_host or not (number.isascii() and number.isdigit()):
             return None
         return int(number)
 

@@ -19,6 +19,7 @@ can send NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT to its watchers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable, Iterable, Union
 
 from gateway.replies import CONFLICT, NOT_ALLOWED, NOT_FOUND, RESOURCE_TOO_LARGE, Reply
@@ -64,10 +65,12 @@ class Subscription:
     until: int | None = None
 
 
-def _candidate_patterns(topic: str) -> list[str]:
+@lru_cache(maxsize=4096)
+def _candidate_patterns(topic: str) -> tuple[str, ...]:
     """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
-    proper ancestor (``streaming.routing.candidate_patterns_sql``, the job's form)."""
-    return [topic] + [f"{ancestor}/*" for ancestor in ancestors(topic)]
+    proper ancestor (``streaming.routing.candidate_patterns_sql``, the job's form).  Cached: the
+    gateway asks for every publish it reads back (:meth:`Registry.may_reach`)."""
+    return (topic, *(f"{ancestor}/*" for ancestor in ancestors(topic)))
 
 
 @dataclass(frozen=True)

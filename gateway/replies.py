@@ -85,13 +85,17 @@ class Reply:
     def __post_init__(self) -> None:
         if not self.lines:
             raise ValueError("a reply needs at least one line")
-        if any("\r" in line or "\n" in line for line in self.lines):
+        joined = "".join(self.lines)
+        if "\r" in joined or "\n" in joined:
             raise ValueError("reply lines must not contain CR or LF")
 
     def to_bytes(self) -> bytes:
         """Render as Appendix A's multi-line format plus the frame's empty line."""
-        head = [f"{self.code}-{line}\r\n" for line in self.lines[:-1]]
-        return "".join([*head, f"{self.code} {self.lines[-1]}\r\n", "\r\n"]).encode("utf-8")
+        code, lines = self.code, self.lines
+        last = f"{code} {lines[-1]}\r\n\r\n"
+        if len(lines) == 1:
+            return last.encode("utf-8")
+        return ("".join([f"{code}-{line}\r\n" for line in lines[:-1]]) + last).encode("utf-8")
 
     @classmethod
     def ok(cls, *lines: str) -> Reply:

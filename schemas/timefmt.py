@@ -10,6 +10,7 @@ negative value means a state message that never expires (``None`` here).
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from datetime import datetime, timedelta, timezone
 
 _DATE_TIME = re.compile(r"^D(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(\d{2})?Z?$", re.IGNORECASE)
@@ -19,6 +20,19 @@ def format_date_time(moment: datetime) -> str:
     """Render a UTC moment as ``DyyyymmddThhmmssffZ`` (hundredths of a second)."""
     moment = moment.astimezone(timezone.utc)
     return moment.strftime("D%Y%m%dT%H%M%S") + f"{moment.microsecond // 10000:02d}Z"
+
+
+def format_micros(micros: int) -> str:
+    """:func:`format_date_time` of a moment in microseconds since the epoch (UTC), as every
+    NOTIFY renders its ``Created``: the text of each second is made once."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    return f"{_format_second(seconds)}{fraction // 10000:02d}Z"
+
+
+@lru_cache(maxsize=256)
+def _format_second(seconds: int) -> str:
+    """``DyyyymmddThhmmss`` of a whole second since the epoch."""
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("D%Y%m%dT%H%M%S")
 
 
 def parse_date_time(text: str) -> datetime:
@@ -33,8 +47,10 @@ def parse_date_time(text: str) -> datetime:
     )
 
 
+@lru_cache(maxsize=1024)
 def parse_timeout(text: str) -> timedelta | None:
-    """Parse a timeout; ``None`` means infinite (a state message)."""
+    """Parse a timeout; ``None`` means infinite (a state message).  Cached: every publish
+    reads its topic's default, and a timedelta is immutable."""
     text = text.strip()
     if text.upper() in ("INFINITE", "INF") or text.startswith("-"):
         return None
