@@ -1021,9 +1021,11 @@ class Session:
             actions += step
         return actions
 
-    def notify(self, deliver: Deliver) -> bytes:
+    def notify(self, deliver: Deliver, frame: bytes | None = None) -> bytes:
         """Render NOTIFY MESSAGE and await its ``310 ACK``: one at a time (4.1.11.1), or up to
-        the window the client asked for with SET NOTIFY WINDOW."""
+        the window the client asked for with SET NOTIFY WINDOW.  ``frame``: the message's NOTIFY
+        as :func:`render_notify` made it for another login (it does not depend on the account),
+        so a message fanned out to many logins is rendered once."""
         if not self.logged_in:
             raise SessionMisuse("NOTIFY on a session that is not logged in")
         if len(self._awaiting) >= self._notify_window:
@@ -1033,7 +1035,7 @@ class Session:
             raise SessionMisuse(f"delivery for {deliver.account!r} on {self._account!r}'s session")
         if guaranteed(deliver.headers):
             self._awaiting[deliver.smuid] = None
-        return render_notify(deliver, self._config.server_host)
+        return frame if frame is not None else render_notify(deliver, self._config.server_host)
 
     def notify_again(self, deliver: Deliver) -> bytes:
         """A NOTIFY awaiting its ``310 ACK`` once more: the retry timeout passed without it."""

@@ -78,6 +78,7 @@ log = logging.getLogger("smqp.gateway")
 READ_SIZE = 65536
 MAX_UNGUARANTEED = 10_000  # non-guaranteed PUBs awaiting Kafka per gateway; beyond, they are dropped
 MAX_PIPELINED = 1000  # durable appends one connection may have outstanding before we stop reading it
+RENDERED_MEMORY = 4096  # NOTIFY frames kept for the other logins the same message goes to
 
 
 class Connection:
@@ -491,7 +492,8 @@ class Connection:
         window = self.session.notify_window
         while len(self.in_flight) - self.acking < window and (
                 deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
-            frame = _Notice(self.session.notify(deliver))
+            frame = _Notice(self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid)))
+            self.gateway.remember_rendered(deliver.smuid, frame)
             if self.session.awaits(deliver.smuid):  # guaranteed: it awaits its two-phase ACK
                 entry = self.in_flight[deliver.smuid] = _InFlight(deliver, time.monotonic())
                 self._arm(entry)
@@ -696,6 +698,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        # the NOTIFY frames of the latest messages sent, by SMUID: a message fanned out to many
+        # logins is rendered once (the frame does not depend on the account)
+        self.rendered: dict[int, bytes] = {}
         # a client over this many unread bytes is not read from, and closed if it stays over it
         self.pause_at = config.gateway.max_buffered_bytes // 2
         self.unguaranteed_outstanding = 0
@@ -715,6 +720,14 @@ class Gateway:
             if done.exception() is not None:
                 self.unguaranteed_dropped += 1
         future.add_done_callback(settled)
+
+    def remember_rendered(self, smuid: int, frame: bytes) -> None:
+        """Keep ``frame`` for the next logins sent ``smuid``; the oldest of
+        :data:`RENDERED_MEMORY` frames is forgotten."""
+        if smuid not in self.rendered:
+            self.rendered[smuid] = frame
+            if len(self.rendered) > RENDERED_MEMORY:
+                del self.rendered[next(iter(self.rendered))]
 
     def _is_account(self, name: str) -> bool:
         return self.accounts.exists(name)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.protocol import Durable, Send, SessionMisuse, Wake
+from gateway.protocol import Durable, Send, SessionMisuse, Wake, render_notify
 from schemas.events import Ack
 from tests.gateway.test_feeding import feed_three_ways, logged_in, make_config, make_session, wire
 from tests.gateway.test_spec_examples import SPEC_MICROS, example_deliver
@@ -136,3 +136,14 @@ def test_set_notify_window_before_login_is_401():
 def test_max_notify_window_must_be_positive():
     with pytest.raises(ValueError, match="max_notify_window"):
         make_config(max_notify_window=0)
+
+
+def test_a_notify_rendered_for_another_login_is_sent_as_is_and_awaits_its_ack_all_the_same():
+    """The gateway renders a message fanned out to many logins once: the frame does not depend on
+    the account, and the session takes it instead of rendering again."""
+    other = windowed(2, [11])
+    frame = other.notify(deliver(12))
+    session = windowed(2)
+    assert session.notify(deliver(12), frame) is frame
+    assert session.awaiting == (12,)
+    assert frame == render_notify(deliver(12), make_config().server_host)
