@@ -71,8 +71,9 @@ RECONNECT_BACKOFF_S = 0.05
 #: Bytes of records per produce request (a single larger record still goes, alone): under the
 #: brokers' default ``message.max.bytes`` of ~1 MB.
 MAX_BATCH_BYTES = 512 * 1024
-#: Bytes one fetch may bring back, per partition and in all.
-FETCH_MAX_BYTES = 4 << 20
+#: Bytes one fetch may bring back, per partition and in all: a tail catching up on a burst of the
+#: job's records holds no more than this (and its records) at once.
+FETCH_MAX_BYTES = 1 << 20
 #: The longest a tail lets the broker take over a fetch it answers empty for lack of time.
 SLOW_FETCH_MAX_WAIT_MS = 5000
 # Highest request versions used: the last ones naming topics by name (later ones use topic ids).
