@@ -492,8 +492,10 @@ class Connection:
         window = self.session.notify_window
         while len(self.in_flight) - self.acking < window and (
                 deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
-            frame = _Notice(self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid)))
-            self.gateway.remember_rendered(deliver.smuid, frame)
+            frame = self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid))
+            if type(frame) is not _Notice:  # rendered just now
+                frame = _Notice(frame)
+                self.gateway.remember_rendered(deliver.smuid, frame)
             if self.session.awaits(deliver.smuid):  # guaranteed: it awaits its two-phase ACK
                 entry = self.in_flight[deliver.smuid] = _InFlight(deliver, time.monotonic())
                 self._arm(entry)
