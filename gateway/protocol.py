@@ -49,7 +49,6 @@ import base64
 import enum
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Callable, Union
@@ -707,14 +706,6 @@ def _first(headers: Headers, name: str) -> str | None:
         if key.lower() == name:
             return value
     return None
-
-
-@lru_cache(maxsize=1024)
-def _timeout_micros(text: str) -> int | None:
-    """A timeout (already validated) in microseconds, None for a state message: every publish
-    reads one, and most read their topic's default."""
-    timeout = parse_timeout(text)
-    return None if timeout is None else int(timeout.total_seconds() * 1_000_000)
 
 
 def guaranteed(headers: Headers) -> bool:
@@ -1764,8 +1755,8 @@ class Session:
         """The message's ``Timeout`` (already validated), else the topic's default (``params``),
         else the server's, from ``now``."""
         text = _first(headers, "timeout") or params.timeout or self._registry.server_timeout
-        timeout = _timeout_micros(text)
-        return None if timeout is None else now + timeout
+        timeout = parse_timeout(text)  # cached: most publishes read their topic's default
+        return None if timeout is None else now + int(timeout.total_seconds() * 1_000_000)
 
     # SUBSCRIBE, UNSUBSCRIBE
 
