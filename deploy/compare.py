@@ -42,7 +42,6 @@ import platform
 import re
 import resource
 import signal
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -53,7 +52,7 @@ from typing import Awaitable
 from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
-                                   sink_stats)
+                                   sink_stats, summarize)
 from deploy.stack import cpu_seconds, peak_memory_mb
 
 WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
@@ -291,7 +290,8 @@ def render_cpu(results: dict) -> str:
             readings = [cpu_per_message(workload, run) for run in runs]
             readings = [r for r in readings if r]
             if readings:
-                medians = {process: statistics.median(r.get(process, 0) for r in readings) for process in readings[0]}
+                medians = {process: summarize(r.get(process, 0) for r in readings)["median"]
+                           for process in readings[0]}
                 lines.append(f"| {workload} | {LABELS[name]} | "
                              + ", ".join(f"{process} {us:,.0f}" for process, us in medians.items()) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""

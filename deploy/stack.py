@@ -35,7 +35,7 @@ class Stack:
         return self.config.gateway.host, self.config.gateway.port
 
 
-def _tree(pid: int) -> Iterator[int]:
+def process_tree(pid: int) -> Iterator[int]:
     """``pid`` and all its descendants living now (the job's JVM and Python workers)."""
     pending = [pid]
     while pending:
@@ -49,7 +49,7 @@ def _tree(pid: int) -> Iterator[int]:
 def _tree_status_kb(pid: int, field: str) -> int:
     """``field`` of /proc/<pid>/status (a ``kB`` figure) summed over ``pid`` and all its descendants."""
     total_kb = 0
-    for current in _tree(pid):
+    for current in process_tree(pid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith(field + ":"):
@@ -61,7 +61,7 @@ def cpu_seconds(pid: int) -> float:
     """CPU time (user + system) used so far by ``pid`` and its living descendants, plus what their
     reaped children used: the difference of two readings is the CPU a workload cost them."""
     ticks = 0
-    for current in _tree(pid):
+    for current in process_tree(pid):
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
             ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy.broker import free_port
+from deploy.stack import process_tree
 from gateway.client import SMQPClient
 
 pytestmark = pytest.mark.e2e
@@ -75,27 +76,23 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
 
 def _session_nice(pid: int, module: str) -> int:
     """The nice value of the scheduling group (autogroup) of the process under ``pid`` running ``module``."""
-    [child] = [current for current in _descendants(pid)
-               if module in Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()]
+    [child] = [current for current, command in _commands(pid) if module in command]
     return int(Path(f"/proc/{child}/autogroup").read_text().split()[-1])
-
-
-def _descendants(pid: int) -> list[int]:
-    found, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending += [int(child) for child in (task / "children").read_text().split()]
-            found.append(current)
-    return found
 
 
 def _niceness(pid: int) -> list[tuple[str, int]]:
     """(command line, nice) of ``pid`` and every process under it."""
     found = []
-    for current in _descendants(pid):
+    for current, command in _commands(pid):
         with contextlib.suppress(OSError):  # ended meanwhile
-            command = Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             found.append((command, int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[16])))
+    return found
+
+
+def _commands(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of ``pid`` and every process under it still running."""
+    found = []
+    for current in process_tree(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            found.append((current, Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()))
     return found
