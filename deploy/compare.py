@@ -41,7 +41,6 @@ import os
 import platform
 import re
 import resource
-import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -53,7 +52,7 @@ from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats, summarize)
-from deploy.stack import cpu_seconds, peak_memory_mb
+from deploy.stack import cpu_seconds, peak_memory_mb, stopping_on_sigterm
 
 WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
 SYSTEMS = ("smqp", "rabbitmq")
@@ -326,10 +325,6 @@ def _versions(rabbit_server) -> dict:
     return versions
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def measure_all(args) -> dict:
     """Start the selected systems, run the workloads, read the peaks; the servers are stopped
     however this ends.  Returns the report (everything but the table)."""
@@ -378,9 +373,9 @@ def _job_time(stack, results: dict) -> dict:
 
 def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") -> int:
     args = parse_args(argv, prog)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the servers on SIGTERM too
     try:
-        report = measure_all(args)
+        with stopping_on_sigterm():  # the servers are stopped on SIGTERM too
+            report = measure_all(args)
     except KeyboardInterrupt:
         progress("interrupted; the servers are stopped")
         return 130

@@ -91,6 +91,16 @@ async def soak(address, args) -> dict:
     }
 
 
+def _measure(accounts: dict[str, str], args) -> dict:
+    """The soak on a stack of its own, stopped however this ends."""
+    with running_stack(accounts) as stack:
+        print(f"stack up (logs in {stack.workdir}); {args.publishers} publishers, {args.subscribers} subscribers, "
+              f"{args.rate:g} msg/s for {args.duration:g} s ...", flush=True)
+        result = asyncio.run(soak(stack.address, args))
+        result["peak_memory_mb"] = {name: peak_memory_mb(child.pid) for name, child in stack.children.items()}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--publishers", type=int, default=25, help="publishing accounts (default 25)")
@@ -102,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     accounts = {f"{kind}{i}": f"{kind}{i}-pw" for kind, n in (("pub", args.publishers), ("sub", args.subscribers))
                 for i in range(n)}
-    with running_stack(accounts) as stack:
-        print(f"stack up (logs in {stack.workdir}); {args.publishers} publishers, {args.subscribers} subscribers, "
-              f"{args.rate:g} msg/s for {args.duration:g} s ...", flush=True)
-        result = asyncio.run(soak(stack.address, args))
-        result["peak_memory_mb"] = {name: peak_memory_mb(child.pid) for name, child in stack.children.items()}
+    try:
+        result = _measure(accounts, args)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (deploy.stack.stopping_on_sigterm)
+        print("soak: interrupted; the stack is stopped", flush=True)
+        return 130
     print(json.dumps(result, indent=2))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))

@@ -3,7 +3,8 @@
 ``running_stack(accounts)`` starts the dev broker, the streaming job and one
 gateway (each its own process, logs in a work directory; the gateway's
 Prometheus page on ``config.gateway.status_port``), yields a :class:`Stack`,
-and stops them all (SIGTERM, then SIGKILL) however the block ends.
+and stops them all (SIGTERM, then SIGKILL) however the block ends, a SIGTERM to the
+script itself included (:func:`stopping_on_sigterm`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -78,9 +80,35 @@ def resident_memory_mb(pid: int) -> float:
     return round(_tree_status_kb(pid, "VmRSS") / 1024, 1)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def stopping_on_sigterm() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``KeyboardInterrupt``, so ``finally`` blocks still stop
+    what the script started: Python's default for SIGTERM ends the process at once, and the
+    children (each in its own session) would keep running, holding ports and CPU, after a
+    ``timeout``, a CI job or systemd stopped the script.  The previous handler is put back after.
+    Outside the main thread (where signal handlers cannot be set) this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Iterator[Stack]:
     """Broker, job and gateway with ``accounts`` (name → password, hashed here)."""
+    with stopping_on_sigterm():
+        yield from _running_stack(accounts, iterations)
+
+
+def _running_stack(accounts: Mapping[str, str], iterations: int) -> Iterator[Stack]:
     workdir = tempfile.mkdtemp(prefix="smqp-stack-")
     broker = DevBroker(log_path=f"{workdir}/broker.log").start()
     children: dict[str, subprocess.Popen] = {}
