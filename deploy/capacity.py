@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from deploy.stack import stopping_on_sigterm
 from schemas.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,6 +312,16 @@ def _table(title: str, figures: dict) -> None:
         print(f"| {key} | {value} |")
 
 
+def _measure(args) -> dict:
+    if args.measure == "kafka":
+        return measure_kafka(args.records, args.bytes, args.serial)
+    if args.measure == "ingest":
+        return measure_ingest(args.messages, args.publishers, args.window)
+    if args.measure == "connections":
+        return measure_connections(args.count)
+    return measure_drain(args.messages, args.subscribers, args.batch, args.master, args.launcher, args.warmup)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.capacity", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -338,14 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     print(f"{args.measure}: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    if args.measure == "kafka":
-        figures = measure_kafka(args.records, args.bytes, args.serial)
-    elif args.measure == "ingest":
-        figures = measure_ingest(args.messages, args.publishers, args.window)
-    elif args.measure == "connections":
-        figures = measure_connections(args.count)
-    else:
-        figures = measure_drain(args.messages, args.subscribers, args.batch, args.master, args.launcher, args.warmup)
+    try:
+        with stopping_on_sigterm():  # the broker, gateway and job it started are stopped on SIGTERM too
+            figures = _measure(args)
+    except KeyboardInterrupt:
+        print(f"{args.measure}: interrupted; what it started is stopped", flush=True)
+        return 130
     figures["load_average_after"] = round(os.getloadavg()[0], 1)
     _table(args.measure, figures)
     if args.json:
