@@ -258,8 +258,11 @@ class Connection:
         if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
             entry.acking = True
             self.acking += 1
+        # the client waits on this append alone unless it pipelines, or acknowledges within a window
+        # whose next NOTIFY goes out before this reply: only then may it linger for company
+        linger = self.unsettled > 0 or (ack is not None and self.session.notify_window > 1)
         self.unsettled += 1
-        future = self.gateway.log.append(action.key, action.event.to_bytes())
+        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:
@@ -715,7 +718,7 @@ class Gateway:
             self.unguaranteed_dropped += 1
             return
         self.unguaranteed_outstanding += 1
-        future = self.log.append(action.key, action.event.to_bytes())
+        future = self.log.append(action.key, action.event.to_bytes(), linger=True)
 
         def settled(done: asyncio.Future) -> None:
             self.unguaranteed_outstanding -= 1
@@ -997,7 +1000,7 @@ class Gateway:
         event = Nack(account=account, guid=guid or "", smuid=deliver.smuid,
                      accepted_at=int(time.time() * 1_000_000),
                      max_retries=self.queue_params(deliver.topic).max_retries, reason=reason)
-        future = self.log.append(account.encode("utf-8"), event.to_bytes())
+        future = self.log.append(account.encode("utf-8"), event.to_bytes(), linger=True)
         future.add_done_callback(lambda done: done.exception() and log.warning(
             "NACK of %s for %s not appended: %s", deliver.smuid, account, done.exception()))
 

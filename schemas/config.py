@@ -23,7 +23,10 @@ class KafkaConfig:
     deliveries_topic: str = "smqp.deliveries"
     commands_partitions: int = 1
     deliveries_partitions: int = 1
-    linger_ms: int = 1  # the streaming job's producer batching delay (gateways batch in their event loop)
+    # how long an append may wait for others to share its produce request (Kafka's producer setting; Kafka 4's
+    # default): the job's producer, and a gateway's appends no client waits on alone (pipelined PUBs, ACKs
+    # within a NOTIFY window); a lone PUB or a window-1 ACK is sent at once
+    linger_ms: int = 5
     delivery_timeout_ms: int = 15000  # a PUB not durable by then gets 503
     # the longest a gateway's fetch waits for records: the dev broker holds an empty fetch this long even
     # when records arrive meanwhile, so it bounds how late a gateway reads a record there (Apache Kafka

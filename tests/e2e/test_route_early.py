@@ -5,9 +5,11 @@ the same delivery once, and its own ``Deliver`` of it brings no second NOTIFY.""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
+from gateway.client import SMQPClient
 from tests.e2e.stack import GatewayThread, Router, create_smqp_topics, stack_config
 from tests.e2e.test_walking_skeleton import ACCOUNTS, TOPIC, publish, subscriber, take, wait_for_acked
 
@@ -40,3 +42,26 @@ def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once
             assert gateway.gateway.metrics.routed_early.get() == 30
     finally:
         router.stop()
+
+
+def test_a_client_waiting_on_one_append_is_not_held_by_the_producer_linger(broker, tmp_path):
+    """``[kafka] linger_ms`` lets pipelined PUBs and windowed ACKs share a produce request; a
+    one-at-a-time publisher and a window-1 subscriber (the spec's two-phase commit) wait on each
+    append alone, so theirs go at once: with a 10 s linger, three of each take seconds, not 30+."""
+    config = stack_config(broker, tmp_path, ACCOUNTS)
+    config = replace(config, kafka=replace(config.kafka, linger_ms=10_000))
+    with GatewayThread(config) as gateway:
+        host, port = gateway.address
+
+        async def scenario() -> None:
+            await create_smqp_topics((host, port), TOPIC)
+            bob = await subscriber(host, port)
+            await bob.subscribe("/stocks/*")
+            async with await SMQPClient.connect(host, port) as alice:
+                await alice.login("alice", "alice-pw")
+                published = [await alice.publish(TOPIC, f"quote {i}".encode()) for i in range(3)]
+                await alice.quit()
+            assert await take(bob, 3) == published
+            await bob.quit()
+
+        asyncio.run(asyncio.wait_for(scenario(), 8))

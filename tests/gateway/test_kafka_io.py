@@ -9,9 +9,11 @@ import time
 import uuid
 
 import pytest
+from kafka.protocol.consumer import FetchRequest
+from kafka.record.memory_records import MemoryRecords
 
 from deploy.broker import DevBroker, create_topics
-from gateway.kafka_io import Appended, Cluster, DurableLog, Tail, next_wait_ms, read_acks_since
+from gateway.kafka_io import FETCH_VERSION, Appended, Cluster, DurableLog, Tail, next_wait_ms, read_acks_since
 from schemas.config import KafkaConfig
 from schemas.events import Ack, Sync
 
@@ -56,6 +58,59 @@ def test_concurrent_appends_share_requests_and_come_back_in_order_with_their_off
             cluster.close()
 
     asyncio.run(scenario())
+
+
+async def _stored_batches(config: KafkaConfig, cluster: Cluster) -> list[list[bytes]]:
+    """Commands partition 0 as the broker stores it: the values of each record batch (one per
+    produce request)."""
+    connection = await cluster.leader(config.commands_topic, 0, "test")
+    fetch = FetchRequest.FetchTopic
+    request = FetchRequest(replica_id=-1, max_wait_ms=1000, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                           max_version=FETCH_VERSION, topics=[fetch(topic=config.commands_topic, partitions=[
+                               fetch.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+    response = await connection.call(request, 30)
+    records = MemoryRecords(response.responses[0].partitions[0].records or b"")
+    batches = []
+    while (batch := records.next_batch()) is not None:
+        batches.append([record.value for record in batch])
+    return batches
+
+
+def _appending_apart(broker, linger_flags: list[bool], **kafka) -> tuple[list[list[bytes]], float]:
+    """Appends ``record i`` for each flag (its ``linger``), 20 ms apart, to a new topic; returns
+    the batches stored and the seconds until the last append was durable."""
+    config = _config(broker.bootstrap, **kafka)
+
+    async def scenario():
+        cluster = Cluster(config)
+        log = await DurableLog.open(config, cluster)
+        try:
+            await log.append(b"", b"warm-up")  # the connection is open before the clock starts
+            started, futures = time.monotonic(), []
+            for i, linger in enumerate(linger_flags):
+                futures.append(log.append(b"", f"record {i}".encode(), linger=linger))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*futures)
+            return (await _stored_batches(config, cluster))[1:], time.monotonic() - started
+        finally:
+            await log.close()
+            cluster.close()
+
+    return asyncio.run(scenario())
+
+
+def test_appends_that_may_linger_share_one_request_within_linger_ms(broker):
+    batches, _ = _appending_apart(broker, [True] * 4, linger_ms=2000)
+    assert batches == [[b"record 0", b"record 1", b"record 2", b"record 3"]]
+
+
+def test_an_append_that_may_not_linger_goes_at_once_and_takes_the_lingering_ones_along(broker):
+    # a lone PUB or a window-1 ACK: its client waits on this append alone
+    batches, seconds = _appending_apart(broker, [True, True, False], linger_ms=10000)
+    assert batches == [[b"record 0", b"record 1", b"record 2"]]
+    assert seconds < 5  # not held for the 10 s linger
+    batches, _ = _appending_apart(broker, [False, False, False], linger_ms=10000)
+    assert batches == [[b"record 0"], [b"record 1"], [b"record 2"]]
 
 
 def test_keyed_appends_land_on_the_partition_kafkas_default_partitioner_picks(broker):
