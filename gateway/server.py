@@ -97,6 +97,7 @@ class Connection:
         self.actions: deque = deque()  # actions not carried out yet, in command order
         self.blocker: asyncio.Task | None = None  # a Consult/read/connect the next actions wait for
         self.unsettled = 0  # durable appends not yet answered
+        self.pipelines = False  # it has sent a durable command before the last one's reply: see _make_durable
         self.settled = asyncio.Event()
         self.unfolded = 0  # Control events appended but not yet folded by the registry
         self.folded = asyncio.Event()
@@ -258,9 +259,11 @@ class Connection:
         if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
             entry.acking = True
             self.acking += 1
-        # the client waits on this append alone unless it pipelines, or acknowledges within a window
-        # whose next NOTIFY goes out before this reply: only then may it linger for company
-        linger = self.unsettled > 0 or (ack is not None and self.session.notify_window > 1)
+        # the client waits on this append alone unless it pipelines (once seen, for good: its replies
+        # come back in bursts, so a moment with none outstanding says nothing) or acknowledges within a
+        # window whose next NOTIFY goes out before this reply: only then may it linger for company
+        self.pipelines = self.pipelines or self.unsettled > 0
+        linger = self.pipelines or (ack is not None and self.session.notify_window > 1)
         self.unsettled += 1
         future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
         return _PendingReply(future, action.reply, ack)
