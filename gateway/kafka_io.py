@@ -578,8 +578,9 @@ class Tail:
 
     def __init__(self, config: KafkaConfig, cluster: Cluster, topic: str, on_batch: Callable[[list], None],
                  convert: Callable, partitions: list[int] | None = None, name: str = "tail",
-                 start: dict[int, int] | None = None):
+                 start: dict[int, int] | None = None, fetch_max_wait_ms: int | None = None):
         self._config = config
+        self._wait_ms = config.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms
         self._cluster = cluster
         self._topic = topic
         self._on_batch = on_batch
@@ -590,7 +591,7 @@ class Tail:
         self.ready = asyncio.Event()
         self.positions: dict[int, int] = {}
         self.high_watermarks: dict[int, int] = {}
-        self.max_wait_ms = config.fetch_max_wait_ms  # raised while the broker answers too late: next_wait_ms
+        self.max_wait_ms = self._wait_ms  # raised while the broker answers too late: next_wait_ms
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -669,7 +670,7 @@ class Tail:
             self.high_watermarks[partition] = answer.high_watermark
             items += self._records(partition, answer.records)
             behind = behind or self.positions[partition] < answer.high_watermark
-        self.max_wait_ms = next_wait_ms(self.max_wait_ms, self._config.fetch_max_wait_ms, bool(items), behind)
+        self.max_wait_ms = next_wait_ms(self.max_wait_ms, self._wait_ms, bool(items), behind)
         return items
 
     def _records(self, partition: int, data: bytes | None) -> list:
@@ -721,8 +722,11 @@ def control_tail(config: KafkaConfig, cluster: Cluster, on_batch: Callable[[list
 
 
 def deliveries_tail(config: KafkaConfig, cluster: Cluster, on_batch: Callable[[list], None]) -> Tail:
-    """Reads the whole deliveries topic; batches are the decoded events."""
-    return Tail(config, cluster, config.deliveries_topic, on_batch, delivery_item, name="deliveries-tail")
+    """Reads the whole deliveries topic; batches are the decoded events.  Its fetches wait
+    ``deliveries_fetch_max_wait_ms``: what it reads is off the publish → NOTIFY path of messages
+    the gateway routes itself, and each fetch costs the dev broker a walk over the partition."""
+    return Tail(config, cluster, config.deliveries_topic, on_batch, delivery_item, name="deliveries-tail",
+                fetch_max_wait_ms=config.deliveries_fetch_max_wait_ms)
 
 
 async def read_acks_since(config: KafkaConfig, cluster: Cluster, offsets: dict[str, int],

@@ -32,6 +32,9 @@ class KafkaConfig:
     # when records arrive meanwhile, so it bounds how late a gateway reads a record there (Apache Kafka
     # answers as soon as there is data: 100-500 costs nothing in latency there and fewer idle fetches)
     fetch_max_wait_ms: int = 10
+    # the same for a gateway's tail of the deliveries topic, which carries the job's routing (DELIVERY ONE,
+    # what the gateway did not route itself) and its settled ACKs: off the latency of most NOTIFYs
+    deliveries_fetch_max_wait_ms: int = 100
     # a gateway's fetch is answered once this many bytes are there, or after fetch_max_wait_ms: under
     # load each fetch then carries many records instead of one or two (fewer requests to make and parse)
     fetch_min_bytes: int = 1

@@ -13,7 +13,8 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.record.memory_records import MemoryRecords
 
 from deploy.broker import DevBroker, create_topics
-from gateway.kafka_io import FETCH_VERSION, Appended, Cluster, DurableLog, Tail, next_wait_ms, read_acks_since
+from gateway.kafka_io import (FETCH_VERSION, Appended, Cluster, DurableLog, Tail, deliveries_tail, next_wait_ms,
+                              read_acks_since)
 from schemas.config import KafkaConfig
 from schemas.events import Ack, Sync
 
@@ -223,3 +224,24 @@ def test_the_fetch_wait_grows_while_the_broker_answers_late_and_returns_once_it_
         current, got_records, behind, expected):
     configured = 0 if current == 0 else 10
     assert next_wait_ms(current, configured, got_records, behind) == expected
+
+
+def test_the_deliveries_tail_idles_at_its_own_longer_fetch_wait(broker):
+    """The deliveries topic is off the NOTIFY path of what a gateway routes itself, so its tail
+    asks the broker less often while idle (each fetch costs the dev broker a walk over the
+    partition); the commands tail keeps the short wait that bounds routing latency."""
+    config = _config(broker.bootstrap, fetch_max_wait_ms=10, deliveries_fetch_max_wait_ms=300)
+
+    async def scenario():
+        cluster = Cluster(config)
+        tail = deliveries_tail(config, cluster, lambda items: None)
+        tail.start()
+        try:
+            await asyncio.wait_for(tail.ready.wait(), 30)
+            await asyncio.sleep(1.0)  # a few idle fetches
+            return tail.max_wait_ms
+        finally:
+            await tail.stop()
+            cluster.close()
+
+    assert asyncio.run(scenario()) == 300
