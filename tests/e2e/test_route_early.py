@@ -16,6 +16,14 @@ from tests.e2e.test_walking_skeleton import ACCOUNTS, TOPIC, publish, subscriber
 pytestmark = pytest.mark.e2e
 
 
+async def subscribed(host: str, port: int) -> SMQPClient:
+    """Bob, logged in and subscribed to ``/stocks/*`` once the test's topic exists."""
+    await create_smqp_topics((host, port), TOPIC)
+    bob = await subscriber(host, port)
+    await bob.subscribe("/stocks/*")
+    return bob
+
+
 def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once_when_it_returns(
         broker, spark, tmp_path):
     config = stack_config(broker, tmp_path, ACCOUNTS)
@@ -25,9 +33,7 @@ def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once
             host, port = gateway.address
 
             async def scenario() -> None:
-                await create_smqp_topics((host, port), TOPIC)
-                bob = await subscriber(host, port)
-                await bob.subscribe("/stocks/*")
+                bob = await subscribed(host, port)
                 published = await publish(host, port, 30, 0)
                 assert await take(bob, 30) == published  # every one, in order, with no job running
                 await asyncio.to_thread(router.start)
@@ -54,9 +60,7 @@ def test_a_client_waiting_on_one_append_is_not_held_by_the_producer_linger(broke
         host, port = gateway.address
 
         async def scenario() -> None:
-            await create_smqp_topics((host, port), TOPIC)
-            bob = await subscriber(host, port)
-            await bob.subscribe("/stocks/*")
+            bob = await subscribed(host, port)
             async with await SMQPClient.connect(host, port) as alice:
                 await alice.login("alice", "alice-pw")
                 published = [await alice.publish(TOPIC, f"quote {i}".encode()) for i in range(3)]
