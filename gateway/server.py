@@ -253,8 +253,10 @@ class Connection:
         self.channel = NotifyChannel(self, reader, writer)
         return [Send(Reply.ok().to_bytes())]
 
-    def _make_durable(self, action: Durable) -> _PendingReply:
-        """Start the Kafka append now, in command order; the writer awaits it in order."""
+    def _make_durable(self, action: Durable, *, awaited_alone: bool = False) -> _PendingReply:
+        """Start the Kafka append now, in command order; the writer awaits it in order.
+        ``awaited_alone``: nothing else proceeds until it is durable (the notification port
+        settles its ACKs one after another), so it never lingers."""
         ack = action.event if isinstance(action.event, Ack) else None
         if ack is not None and (entry := self.in_flight.get(ack.smuid)) is not None:
             entry.acking = True
@@ -263,7 +265,7 @@ class Connection:
         # come back in bursts, so a moment with none outstanding says nothing) or acknowledges within a
         # window whose next NOTIFY goes out before this reply: only then may it linger for company
         self.pipelines = self.pipelines or self.unsettled > 0
-        linger = self.pipelines or (ack is not None and self.session.notify_window > 1)
+        linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
         future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
         return _PendingReply(future, action.reply, ack)
@@ -611,7 +613,7 @@ class NotifyChannel:
             while line := await self.reader.readline():
                 for action in connection.session.channel_ack(line.rstrip(b"\r\n")):
                     if isinstance(action, Durable):
-                        pending = connection._make_durable(action)
+                        pending = connection._make_durable(action, awaited_alone=True)
                         self.write(await connection._settle(pending))
                         if not connection._ack_settled(pending.ack):
                             return

@@ -53,7 +53,8 @@ def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once
 def test_a_client_waiting_on_one_append_is_not_held_by_the_producer_linger(broker, tmp_path):
     """``[kafka] linger_ms`` lets pipelined PUBs and windowed ACKs share a produce request; a
     one-at-a-time publisher and a window-1 subscriber (the spec's two-phase commit) wait on each
-    append alone, so theirs go at once: with a 10 s linger, three of each take seconds, not 30+."""
+    append alone, so theirs go at once: with a 10 s linger, three of each take seconds, not 30+.
+    So does a windowed subscriber's on its notification port, which settles ACKs one by one."""
     config = stack_config(broker, tmp_path, ACCOUNTS)
     config = replace(config, kafka=replace(config.kafka, linger_ms=10_000))
     with GatewayThread(config) as gateway:
@@ -66,6 +67,13 @@ def test_a_client_waiting_on_one_append_is_not_held_by_the_producer_linger(broke
                 published = [await alice.publish(TOPIC, f"quote {i}".encode()) for i in range(3)]
                 await alice.quit()
             assert await take(bob, 3) == published
+            await bob.set_notify_window(5)
+            await bob.notify_port()
+            async with await SMQPClient.connect(host, port) as alice:
+                await alice.login("alice", "alice-pw")
+                published = [await alice.publish(TOPIC, f"quote {i}".encode()) for i in range(3, 6)]
+                await alice.quit()
+            assert await take(bob, 3) == published
             await bob.quit()
 
-        asyncio.run(asyncio.wait_for(scenario(), 8))
+        asyncio.run(asyncio.wait_for(scenario(), 10))
