@@ -101,8 +101,10 @@ def history(broker, spark, tmp_path_factory) -> History:
         loop = asyncio.new_event_loop()
         try:
             bob, carol, alice = loop.run_until_complete(phase1())
-            _wait("6 messages and 8 deliveries in Delta",
-                  lambda: len(_rows(config, "messages")) == 6 and len(_rows(config, "deliveries")) == 8)
+            # subscriptions too: a batch commits them last, after its messages and deliveries
+            _wait("6 messages, 8 deliveries and 2 subscriptions in Delta",
+                  lambda: len(_rows(config, "messages")) == 6 and len(_rows(config, "deliveries")) == 8
+                  and len(_rows(config, "subscriptions")) == 2)
             t1 = datetime.now(timezone.utc)
             versions = {name: DeltaTable(config.table_path(name)).version()
                         for name in ("messages", "deliveries", "subscriptions")}
