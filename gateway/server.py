@@ -850,6 +850,8 @@ class Gateway:
         """Wait until the registry has folded partition 0 up to ``offset``."""
         if self.registry.applied >= offset:
             return
+        if self.control is not None:
+            self.control.nudge()
         future = asyncio.get_running_loop().create_future()
         self._fold_waiters.append((offset, future))
         limit = self.config.kafka.delivery_timeout_ms / 1000

@@ -38,6 +38,11 @@ class KafkaConfig:
     # a gateway's fetch is answered once this many bytes are there, or after fetch_max_wait_ms: under
     # load each fetch then carries many records instead of one or two (fewer requests to make and parse)
     fetch_min_bytes: int = 1
+    # a gateway's tail that fetched records and reached the end waits this many times that fetch's duration
+    # before the next (at most 0.5 s; not when the gateway waits for its own control event): on the dev broker
+    # a fetch that finds records costs CPU in proportion to every batch the partition holds, so this bounds a
+    # tail's share of the broker as the log grows; 0 fetches again at once
+    tail_pause_factor: float = 3.0
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,49 @@ def test_the_fetch_wait_grows_while_the_broker_answers_late_and_returns_once_it_
     assert next_wait_ms(current, configured, got_records, behind) == expected
 
 
+def test_a_caught_up_tail_pauses_after_reading_records_unless_someone_waits_for_them(broker):
+    """After a fetch that brought records, a tail at the end waits before asking again (a multiple
+    of that fetch's duration, at most 0.5 s: each such fetch costs the dev broker a walk over the
+    partition), so a record appended meanwhile is read late; a nudge, as the gateway gives when it
+    waits for its own control event, ends the pause at once."""
+    config = _config(broker.bootstrap, fetch_max_wait_ms=10, tail_pause_factor=1_000_000)
+
+    async def scenario():
+        cluster = Cluster(config)
+        log = await DurableLog.open(config, cluster)
+        arrived: dict[bytes, float] = {}
+        reader = Tail(config, cluster, config.commands_topic,
+                      lambda values: arrived.update((v, time.monotonic()) for v in values),
+                      lambda offset, key, value: value)
+        reader.start()
+
+        async def read_after_append(value: bytes, nudge: bool) -> float:
+            appended = time.monotonic()
+            await log.append(None, value)
+            if nudge:
+                reader.nudge()
+            for _ in range(300):
+                if value in arrived:
+                    return arrived[value] - appended
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"{value!r} not read within 3 s")
+
+        try:
+            await asyncio.wait_for(reader.ready.wait(), 30)
+            await read_after_append(b"first", nudge=False)
+            paused = await read_after_append(b"during the pause", nudge=False)
+            nudged = await read_after_append(b"nudged", nudge=True)
+            return paused, nudged
+        finally:
+            await reader.stop()
+            await log.close()
+            cluster.close()
+
+    paused, nudged = asyncio.run(scenario())
+    assert 0.3 < paused < 1.0
+    assert nudged < 0.2
+
+
 def test_the_deliveries_tail_idles_at_its_own_longer_fetch_wait(broker):
     """The deliveries topic is off the NOTIFY path of what a gateway routes itself, so its tail
     asks the broker less often while idle (each fetch costs the dev broker a walk over the
