@@ -19,11 +19,13 @@ def broker():
 
 @pytest.fixture(scope="session")
 def spark():
-    """A local[2] session: few shuffle partitions, no UI, UTC."""
+    """A local[2] session: few shuffle partitions, no UI, UTC.  Its heap is 2g, not the job's 1g:
+    one session serves ~1,000 tests, each with its own tables, queries and plans, and once ran out
+    of 1g near the end of the suite (the job's own heap stays flat over a 10-minute soak)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from streaming.session import build_session
     from schemas.config import StreamingConfig
 
-    session = build_session(StreamingConfig(), app_name="smqp-tests")
+    session = build_session(StreamingConfig(spark_conf={"spark.driver.memory": "2g"}), app_name="smqp-tests")
     yield session
     session.stop()
