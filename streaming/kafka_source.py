@@ -22,12 +22,17 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   consumer and fails with a clear error if the range cannot be read in time.
 - ``Trigger.AvailableNow`` is supported: the target is each partition's high
   watermark when the query starts.
+- ``ackPartition``: the commands topic's partition of ACKs.  Each of its records
+  carries an ``smqp.after`` header (:data:`schemas.events.AFTER_HEADER`), the
+  partition-0 offset its publish lies below; a batch reads it only once it
+  reads partition 0 that far, and leaves it and what follows it for a later
+  batch otherwise — an ACK never reaches the job before its publish.
 
 Options: ``bootstrap`` (required), ``topic`` (required),
 ``maxRecordsPerBatch`` (20000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
 (2000: how long a read keeps polling while the broker is known to hold more
 data than it has returned), ``replayTimeoutMs`` (60000), ``metadataTimeoutMs``
-(10000: how long to wait for the topic to exist).
+(10000: how long to wait for the topic to exist), ``ackPartition`` (none).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD, arrow_schema
 
 log = logging.getLogger(__name__)
@@ -75,6 +81,7 @@ class KafkaDataSource(DataSource):
             catch_up_timeout_ms=int(options.get("catchuptimeoutms", 2000)),
             replay_timeout_ms=int(options.get("replaytimeoutms", 60000)),
             metadata_timeout_ms=int(options.get("metadatatimeoutms", 10000)),
+            ack_partition=int(options["ackpartition"]) if options.get("ackpartition") else None,
         )
 
 
@@ -97,7 +104,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
     def __init__(self, bootstrap: str, topic: str, max_records: int = 20000, poll_timeout_ms: int = 50,
                  catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
-                 metadata_timeout_ms: int = 10000):
+                 metadata_timeout_ms: int = 10000, ack_partition: int | None = None):
         self.bootstrap = bootstrap
         self.topic = topic
         self.max_records = max_records
@@ -106,6 +113,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self.catch_up_timeout_ms = catch_up_timeout_ms
         self.replay_timeout_ms = replay_timeout_ms
         self.metadata_timeout_ms = metadata_timeout_ms
+        self.ack_partition = ack_partition
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow end offsets
         self._consumer = None  # created lazily, never pickled
         self._positions: dict[int, int] = {}  # where the live consumer stands, per partition
@@ -210,13 +218,13 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         limit = self.max_records
         if self._target is not None:
             limit = min(limit, sum(max(0, self._target.get(p, 0) - begin[p]) for p in partitions))
-        records = self._poll(consumer, partitions, limit) if limit > 0 else []
+        kept, held = self._poll(consumer, partitions, limit, begin) if limit > 0 else ([], None)
+        if self.ack_partition is not None:
+            if held is not None:  # read again from there by a later batch
+                consumer.seek(self._tp(self.ack_partition), held)
+            consumer.resume(self._tp(self.ack_partition))
         end = dict(begin)
-        kept = []
-        for record in records:
-            if self._target is not None and record.offset >= self._target.get(record.partition, 0):
-                continue
-            kept.append(record)
+        for record in kept:
             end[record.partition] = max(end[record.partition], record.offset + 1)
         for p in partitions:  # where the consumer really stands (past ``end`` if it ran over a target)
             self._positions[p] = consumer.position(self._tp(p))
@@ -225,16 +233,48 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             return iter([]), offsets
         return iter([_records_to_batch(kept, _ARROW_SCHEMA)]), offsets
 
-    def _poll(self, consumer, partitions: list[int], limit: int) -> list:
+    def _poll(self, consumer, partitions: list[int], limit: int, begin: dict[int, int]) -> tuple[list, int | None]:
+        """The records this batch reads, and the offset of the first ACK it must leave (or None).
+
+        Polls again, up to ``catchUpTimeoutMs``, while the broker holds more and there is nothing
+        to read, or a partition behind has given nothing yet (the dev broker may answer one
+        partition of a fetch and not another, lacking time), or an ACK waits for partition 0 (the
+        ACKs' partition is paused meanwhile: :meth:`read` resumes it where the batch ends)."""
         deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
+        records: list = []
+        kept: list = []
+        answered: set[int] = set()
         while True:
-            polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit)
-            behind = self._behind(consumer, partitions)
-            self._pace(consumer, bool(polled), behind)
-            if polled:
-                return [r for batch in polled.values() for r in batch]
-            if time.monotonic() > deadline or not behind:
-                return []
+            polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit - len(kept))
+            answered.update(tp.partition for tp, batch in polled.items() if batch)
+            behind = [p for p in partitions if self._behind(consumer, [p])]
+            starved = [p for p in behind if p not in answered]
+            self._pace(consumer, bool(polled) and not starved, bool(behind))
+            records.extend(r for batch in polled.values() for r in batch)
+            if self._target is not None:
+                records = [r for r in records if r.offset < self._target.get(r.partition, 0)]
+            kept, held = self._readable(records, begin)
+            if held is not None:  # reading the ACKs further gains nothing until partition 0 moves
+                consumer.pause(self._tp(self.ack_partition))
+                more = [p for p in behind if p != self.ack_partition]
+            else:
+                more = starved if kept else behind
+            if not more or time.monotonic() > deadline or len(kept) >= limit:
+                return kept, held
+
+    def _readable(self, records: list, begin: dict[int, int]) -> tuple[list, int | None]:
+        """``records`` without the ACKs a batch that reads them may not read yet (their publish may lie
+        beyond its partition-0 end), and the offset of the first of those."""
+        if self.ack_partition is None:
+            return records, None
+        zero_end = max((r.offset + 1 for r in records if r.partition == 0), default=begin.get(0, 0))
+        kept, held = [], None
+        for record in records:  # each partition's in offset order
+            if record.partition == self.ack_partition and (held is not None or _after(record) > zero_end):
+                held = record.offset if held is None else held
+                continue
+            kept.append(record)
+        return kept, held
 
     def _pace(self, consumer, got_records: bool, behind: bool) -> None:
         """Lengthen the consumer's fetch wait while the broker answers empty for lack of time (the
@@ -304,6 +344,14 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def _after(record) -> int:
+    """The partition-0 offset an ACK record must follow (its :data:`AFTER_HEADER`; 0 without one)."""
+    for key, value in record.headers or ():
+        if key == AFTER_HEADER:
+            return int(value)
+    return 0
 
 
 _ARROW_SCHEMA = arrow_schema(KAFKA_RECORD)

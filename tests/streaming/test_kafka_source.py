@@ -10,6 +10,7 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD
 from streaming.kafka_source import KafkaSourceError, KafkaStreamReader
 
@@ -176,6 +177,71 @@ def test_the_readers_fetch_wait_grows_while_the_broker_answers_empty_and_returns
         assert fetcher["fetch_max_wait_ms"] == 80
         reader.read(end)  # nothing new: idle
         assert fetcher["fetch_max_wait_ms"] == 20
+    finally:
+        reader.stop()
+
+
+def append_acks_and_publishes(broker, topic: str, records: list[tuple[int, bytes, int | None]]) -> None:
+    """``(partition, value, after)`` in order, each acknowledged before the next is sent (as a
+    gateway appends an ACK only after its publish was durable); ``after`` is the ACK's header."""
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    try:
+        for partition, value, after in records:
+            headers = [] if after is None else [(AFTER_HEADER, str(after).encode())]
+            producer.send(topic, value=value, partition=partition, headers=headers).get(timeout=30)
+    finally:
+        producer.close(timeout=10)
+
+
+def values(batches) -> list[bytes]:
+    return [value for batch in batches for value in batch.column("value").to_pylist()]
+
+
+def test_an_ack_is_read_only_by_a_batch_that_reads_its_publish_and_acks_keep_their_order(broker):
+    """With ``ackPartition``, a record there whose ``smqp.after`` lies past what the batch reads
+    of partition 0 waits for a later batch, and every ACK after it waits too: the job never sees
+    an ACK before its publish (it would settle nothing, and the delivery stay pending for good)."""
+    topic = new_topic(broker)
+    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None), (0, b"publish-1", None),
+                                              (1, b"ack-of-publish-3", 4), (1, b"ack-of-publish-0", 1)])
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, catch_up_timeout_ms=500)
+    try:
+        batches, end = reader.read(reader.initialOffset())
+        assert (values(batches), end) == ([b"publish-0", b"publish-1"], {"0": 2, "1": 0})
+        batches, again = reader.read(end)  # nothing new in partition 0: the ACKs still wait
+        assert (values(batches), again) == ([], end)
+
+        append_acks_and_publishes(broker, topic, [(0, b"publish-2", None), (0, b"publish-3", None)])
+        batches, end = reader.read(end)
+        assert sorted(values(batches)) == [b"ack-of-publish-0", b"ack-of-publish-3", b"publish-2", b"publish-3"]
+        assert end == {"0": 4, "1": 2}
+        batches, again = reader.read(end)
+        assert (values(batches), again) == ([], end)
+    finally:
+        reader.stop()
+
+
+def test_held_acks_survive_batches_cut_short_by_the_limit_and_come_once_in_order(broker):
+    """ACKs marked to follow partition-0 records not there yet (a gateway's fold had read two more,
+    say, ticks, than this read sees): batches of 4 read partition 0 and leave every ACK, again and
+    again; once partition 0 reaches the mark the ACKs come, each once, in their order."""
+    topic = new_topic(broker)
+    append_acks_and_publishes(broker, topic, [(0, f"publish-{n}".encode(), None) for n in range(10)]
+                              + [(1, f"ack-{n}".encode(), 12) for n in range(6)])
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, max_records=4, catch_up_timeout_ms=500)
+    try:
+        read, start = [], reader.initialOffset()
+        for _ in range(6):
+            batches, start = reader.read(start)
+            read += values(batches)
+        assert (read, start) == ([f"publish-{n}".encode() for n in range(10)], {"0": 10, "1": 0})
+
+        append_acks_and_publishes(broker, topic, [(0, b"tick-10", None), (0, b"tick-11", None)])
+        for _ in range(6):
+            batches, start = reader.read(start)
+            read += values(batches)
+        assert read[10:] == [b"tick-10", b"tick-11"] + [f"ack-{n}".encode() for n in range(6)]
+        assert start == {"0": 12, "1": 6}
     finally:
         reader.stop()
 
