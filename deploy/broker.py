@@ -95,7 +95,7 @@ def create_topics(config: KafkaConfig) -> None:
     """Create the commands and deliveries topics; existing ones are left as they are."""
     admin = KafkaAdminClient(bootstrap_servers=config.bootstrap, client_id="smqp-admin")
     try:
-        for name, partitions in ((config.commands_topic, config.commands_partitions),
+        for name, partitions in ((config.commands_topic, config.commands_topic_partitions),
                                  (config.deliveries_topic, config.deliveries_partitions)):
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics([NewTopic(name, partitions, 1)])

@@ -328,6 +328,7 @@ class _Record:
     value: bytes
     future: asyncio.Future
     deadline: float  # monotonic: not durable by then, it fails
+    headers: list[tuple[str, bytes]]
 
 
 class _Lane:
@@ -355,23 +356,31 @@ class DurableLog:
         self._cluster = cluster
         self._topic = config.commands_topic
         self._lanes = {p: _Lane(p) for p in partitions}
-        self._partitions = partitions
+        self._keyed = partitions[:config.commands_partitions]  # not the ACKs' own partition
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
     async def open(cls, config: KafkaConfig, cluster: Cluster | None = None) -> DurableLog:
-        """Reach Kafka and learn the commands topic's partitions (fails if Kafka cannot be reached)."""
+        """Reach Kafka and learn the commands topic's partitions (fails if Kafka cannot be reached, or
+        the topic has fewer partitions than the configuration appends to)."""
         cluster = cluster or Cluster(config)
-        return cls(config, cluster, await cluster.partitions(config.commands_topic))
+        partitions = await cluster.partitions(config.commands_topic)
+        if len(partitions) < config.commands_topic_partitions:
+            raise Errors.UnknownTopicOrPartitionError(
+                f"Kafka topic {config.commands_topic!r} has {len(partitions)} partition(s); this configuration "
+                f"needs {config.commands_topic_partitions} ([kafka] commands_partitions = {config.commands_partitions}"
+                f"{', and one for ACKs: ack_partition = true' if config.ack_partition else ''}); "
+                "see deploy/kafka-topics.md")
+        return cls(config, cluster, partitions)
 
     def append(self, key: bytes | None, value: bytes, *, partition: int | None = None,
-               linger: bool = False) -> asyncio.Future:
+               linger: bool = False, headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Send one record; the returned future resolves to its :class:`Appended` place once it is
         durable, or fails.  ``partition`` pins it (control events go to partition 0); otherwise
         its key chooses, as Kafka's default partitioner does (murmur2).  ``linger``: it may wait up
         to ``linger_ms`` for others to share its request — for appends nobody waits on alone (a
         pipelined PUB, an ACK of a NOTIFY window); without it the request leaves at once, taking
-        along whatever lingers."""
+        along whatever lingers.  ``headers``: the record's Kafka headers."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         lane = self._lanes.get(self._partition_for(key) if partition is None else partition)
@@ -379,7 +388,7 @@ class DurableLog:
             future.set_exception(Errors.UnknownTopicOrPartitionError(f"{self._topic} has no partition {partition}"))
             return future
         now = time.monotonic()
-        lane.waiting.append(_Record(key, value, future, now + self._config.delivery_timeout_ms / 1000))
+        lane.waiting.append(_Record(key, value, future, now + self._config.delivery_timeout_ms / 1000, headers or []))
         due = now + self._config.linger_ms / 1000 if linger else now
         if due < lane.due:
             lane.due = due
@@ -393,9 +402,9 @@ class DurableLog:
         return future
 
     def _partition_for(self, key: bytes | None) -> int:
-        if len(self._partitions) == 1 or not key:
-            return self._partitions[0]
-        return self._partitions[(murmur2(key) & 0x7FFFFFFF) % len(self._partitions)]
+        if len(self._keyed) == 1 or not key:
+            return self._keyed[0]
+        return self._keyed[(murmur2(key) & 0x7FFFFFFF) % len(self._keyed)]
 
     async def _send(self, lane: _Lane) -> None:
         """Send ``lane``'s records, a request at a time, until none wait; retry what Kafka could not
@@ -471,7 +480,7 @@ class DurableLog:
                                             producer_epoch=-1, base_sequence=-1, batch_size=1 << 31)
         timestamp = int(time.time() * 1000)
         for delta, record in enumerate(batch):
-            builder.append(delta, timestamp=timestamp, key=record.key, value=record.value, headers=[])
+            builder.append(delta, timestamp=timestamp, key=record.key, value=record.value, headers=record.headers)
         topic_data = ProduceRequest.TopicProduceData
         request = ProduceRequest(
             acks=-1, timeout_ms=int(self._cluster.request_timeout * 1000), max_version=PRODUCE_VERSION,

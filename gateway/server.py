@@ -70,7 +70,7 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
+from schemas.events import AFTER_HEADER, Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -267,7 +267,11 @@ class Connection:
         self.pipelines = self.pipelines or self.unsettled > 0
         linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
-        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
+        if ack is not None and (partition := self.gateway.config.kafka.acks_partition) is not None:
+            future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger, partition=partition,
+                                             headers=self.gateway.ack_headers())
+        else:
+            future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:
@@ -845,6 +849,11 @@ class Gateway:
             else:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
+
+    def ack_headers(self) -> list[tuple[str, bytes]]:
+        """The :data:`AFTER_HEADER` of an ACK appended now: the fold's end, past the publish of any
+        delivery this gateway routed itself (the job's own are behind the job already)."""
+        return [(AFTER_HEADER, str(self.registry.applied + 1).encode())]
 
     async def folded(self, offset: int) -> None:
         """Wait until the registry has folded partition 0 up to ``offset``."""

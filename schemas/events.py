@@ -1,7 +1,8 @@
 """Events on the Kafka topics, as plain dataclasses with one JSON encoding.
 
 ``smqp.commands`` (written by gateways, read by the streaming job) carries
-:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe`, :class:`Ack` and :class:`Nack`,
+:class:`Publish`, :class:`Subscribe`, :class:`Unsubscribe`, :class:`Ack` (in a partition of
+their own, the last, by default) and :class:`Nack`,
 which the job routes, and the control events the gateways' topic registry
 folds (:class:`CreateTopic`, :class:`RemoveTopic`, :class:`RenameTopic`,
 :class:`SetTopicKeywords`, :class:`SetLogin`, :class:`Watch`,
@@ -185,13 +186,23 @@ class Unsubscribe(_Event):
 
 @dataclass
 class Ack(_Event):
-    """A subscriber's ``310 ACK`` of a NOTIFY, made durable before the server's ``310 ACK``."""
+    """A subscriber's ``310 ACK`` of a NOTIFY, made durable before the server's ``310 ACK``.
+
+    With ``[kafka] ack_partition`` (the default) it goes to the commands topic's partition of ACKs
+    with an :data:`AFTER_HEADER`."""
 
     TYPE: ClassVar[str] = "ack"
     account: str
     guid: str
     smuid: int
     accepted_at: int
+
+
+#: Kafka header of a record in the commands topic's partition of ACKs: the partition-0 offset (ASCII
+#: decimal) its message's publish lies below.  The job reads the record only in a micro-batch that
+#: reads partition 0 that far, so an ACK never reaches it before its publish (Property 3): the gateway
+#: that NOTIFYs a publish it routed itself has folded it, and one the job routed is behind the job.
+AFTER_HEADER = "smqp.after"
 
 
 @dataclass

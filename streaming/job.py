@@ -35,7 +35,8 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
     jars on the cluster (``--packages`` / ``--jars``).  Both read every
     partition of the commands topic from the earliest offset, at most
     ``max_records_per_batch`` records per micro-batch, and emit the same
-    columns (``schemas.spark.KAFKA_RECORD``).  ``failOnDataLoss``: a batch whose
+    columns (``schemas.spark.KAFKA_RECORD``); only ``smqp_kafka`` holds an ACK
+    back until its publish is read (``[kafka] ack_partition``).  ``failOnDataLoss``: a batch whose
     offsets retention already deleted fails the query instead of skipping
     commands silently — as ``smqp_kafka``'s replay does.
     """
@@ -49,12 +50,15 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
             "failOnDataLoss": "true",
             "includeHeaders": "false",
         }
-    return "smqp_kafka", {
+    options = {
         "bootstrap": kafka.bootstrap,
         "topic": kafka.commands_topic,
         "maxRecordsPerBatch": str(streaming.max_records_per_batch),
         "pollTimeoutMs": str(streaming.poll_timeout_ms),
     }
+    if kafka.acks_partition is not None:
+        options["ackPartition"] = str(kafka.acks_partition)
+    return "smqp_kafka", options
 
 
 def read_commands(spark: SparkSession, config: SMQPConfig) -> DataFrame:

@@ -24,9 +24,14 @@ async def subscribed(host: str, port: int) -> SMQPClient:
     return bob
 
 
+@pytest.mark.parametrize("batch_limit", [20000, 7], ids=["one-batch", "small-batches"])
 def test_messages_reach_a_subscriber_while_the_job_is_down_and_are_recorded_once_when_it_returns(
-        broker, spark, tmp_path):
+        broker, spark, tmp_path, batch_limit):
+    """Small batches: the job reads the commands partition a few records at a time while every
+    ACK already waits in the ACKs' partition; each must still reach it after its publish, or it
+    would settle nothing and the delivery stay pending."""
     config = stack_config(broker, tmp_path, ACCOUNTS)
+    config = replace(config, streaming=replace(config.streaming, max_records_per_batch=batch_limit))
     router = Router(spark, config)
     try:
         with GatewayThread(config) as gateway:
