@@ -241,8 +241,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         partition of a fetch and not another, lacking time), or an ACK waits for partition 0 (the
         ACKs' partition is paused meanwhile: :meth:`read` resumes it where the batch ends)."""
         deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
-        records: list = []
         kept: list = []
+        held = None
         answered: set[int] = set()
         while True:
             polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit - len(kept))
@@ -250,12 +250,13 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             behind = [p for p in partitions if self._behind(consumer, [p])]
             starved = [p for p in behind if p not in answered]
             self._pace(consumer, bool(polled) and not starved, bool(behind))
-            records.extend(r for batch in polled.values() for r in batch)
-            if self._target is not None:
-                records = [r for r in records if r.offset < self._target.get(r.partition, 0)]
-            kept, held = self._readable(records, begin)
-            if held is not None:  # reading the ACKs further gains nothing until partition 0 moves
+            kept.extend(r for batch in polled.values() for r in batch
+                        if self._target is None or r.offset < self._target.get(r.partition, 0))
+            kept, first_held = self._readable(kept, begin)
+            if first_held is not None:  # reading the ACKs further gains nothing until partition 0 moves
+                held = first_held
                 consumer.pause(self._tp(self.ack_partition))
+            if held is not None:
                 more = [p for p in behind if p != self.ack_partition]
             else:
                 more = starved if kept else behind
@@ -264,7 +265,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
     def _readable(self, records: list, begin: dict[int, int]) -> tuple[list, int | None]:
         """``records`` without the ACKs a batch that reads them may not read yet (their publish may lie
-        beyond its partition-0 end), and the offset of the first of those."""
+        beyond its partition-0 end) and every ACK after the first of those, and that first one's
+        offset (the ACKs' partition is read again from there)."""
         if self.ack_partition is None:
             return records, None
         zero_end = max((r.offset + 1 for r in records if r.partition == 0), default=begin.get(0, 0))
