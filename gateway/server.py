@@ -267,11 +267,9 @@ class Connection:
         self.pipelines = self.pipelines or self.unsettled > 0
         linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
-        if ack is not None and (partition := self.gateway.config.kafka.acks_partition) is not None:
-            future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger, partition=partition,
-                                             headers=self.gateway.ack_headers())
-        else:
-            future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
+        partition = None if ack is None else self.gateway.config.kafka.acks_partition  # None: by its key
+        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger, partition=partition,
+                                         headers=None if partition is None else self.gateway.ack_headers())
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 Offsets = dict[str, int]
 
+#: The most one fetch brings back of a partition: a batch's worth of records (20,000 of ~600 bytes).
+MAX_PARTITION_FETCH_BYTES = 16 << 20
+
 
 class KafkaSourceError(RuntimeError):
     """The topic cannot be read as asked (missing topic, replay range unavailable …)."""
@@ -139,6 +142,10 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             fetch_max_wait_ms=self._fetch_wait_ms,
             max_poll_records=self.max_records,
             client_id="smqp-streaming-source",
+            # kafka-python's default (1 MiB a partition) cut each fetch of a two-partition topic to
+            # ~1,600 publishes from the dev broker, which answers a one-partition fetch with ~5 MB:
+            # batches of the commands topic, ACKs' partition beside it, shrank to a fifth
+            max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         )
 
     def _client(self):
@@ -201,11 +208,11 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             probe.close()
 
     def read(self, start: Offsets) -> tuple[Iterator[pa.RecordBatch], Offsets]:
-        """Everything available after ``start``, at most ``maxRecordsPerBatch`` records.
+        """Everything available after ``start``, at most ``maxRecordsPerBatch`` records
+        (:meth:`_poll`), without the ACKs whose publish it does not read (``ackPartition``).
 
-        One ``poll``; while it returns nothing but the broker is known to hold
-        more (high watermark unknown yet or beyond our position), poll again,
-        up to ``catchUpTimeoutMs``, so "nothing new" really means nothing new.
+        "Nothing new" really means nothing new: while a poll returns nothing but the broker is
+        known to hold more (high watermark unknown yet or beyond our position), it polls again.
         """
         consumer = self._client()
         partitions = self._partitions(consumer)
@@ -219,10 +226,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self._target is not None:
             limit = min(limit, sum(max(0, self._target.get(p, 0) - begin[p]) for p in partitions))
         kept, held = self._poll(consumer, partitions, limit, begin) if limit > 0 else ([], None)
-        if self.ack_partition is not None:
-            if held is not None:  # read again from there by a later batch
-                consumer.seek(self._tp(self.ack_partition), held)
-            consumer.resume(self._tp(self.ack_partition))
+        if held is not None:  # read again from there by a later batch
+            consumer.seek(self._tp(self.ack_partition), held)
         end = dict(begin)
         for record in kept:
             end[record.partition] = max(end[record.partition], record.offset + 1)
@@ -238,8 +243,10 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
         Polls again, up to ``catchUpTimeoutMs``, while the broker holds more and there is nothing
         to read, or a partition behind has given nothing yet (the dev broker may answer one
-        partition of a fetch and not another, lacking time), or an ACK waits for partition 0 (the
-        ACKs' partition is paused meanwhile: :meth:`read` resumes it where the batch ends)."""
+        partition of a fetch and not another, lacking time), or an ACK waits for partition 0 (what
+        comes of the ACKs' partition meanwhile is dropped: :meth:`read` seeks it back).  Never
+        ``pause``: a partition paused with records buffered, sought and resumed was not fetched
+        again by kafka-python while another partition kept it busy."""
         deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
         kept: list = []
         held = None
@@ -251,12 +258,11 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             starved = [p for p in behind if p not in answered]
             self._pace(consumer, bool(polled) and not starved, bool(behind))
             kept.extend(r for batch in polled.values() for r in batch
-                        if self._target is None or r.offset < self._target.get(r.partition, 0))
+                        if (self._target is None or r.offset < self._target.get(r.partition, 0))
+                        and (held is None or r.partition != self.ack_partition))  # read again from held
             kept, first_held = self._readable(kept, begin)
-            if first_held is not None:  # reading the ACKs further gains nothing until partition 0 moves
-                held = first_held
-                consumer.pause(self._tp(self.ack_partition))
-            if held is not None:
+            held = first_held if held is None else held
+            if held is not None:  # reading the ACKs further gains nothing until partition 0 moves
                 more = [p for p in behind if p != self.ack_partition]
             else:
                 more = starved if kept else behind

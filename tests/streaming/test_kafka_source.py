@@ -251,6 +251,84 @@ def test_held_acks_survive_batches_cut_short_by_the_limit_and_come_once_in_order
         reader.stop()
 
 
+def test_acks_held_while_partition_0_streams_in_are_read_once_it_gets_there(broker):
+    """A long partition 0 read a few hundred records a batch, its ACKs all marked to follow its
+    end: they are held batch after batch, each time read again from the first held, and come as
+    soon as a batch reads partition 0 to its end."""
+    topic = new_topic(broker)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
+    try:
+        for n in range(4000):
+            producer.send(topic, value=b"publish-%d" % n, partition=0)
+        producer.flush(timeout=60)
+        for n in range(100):
+            producer.send(topic, value=b"ack-%d" % n, partition=1, headers=[(AFTER_HEADER, b"4000")])
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, max_records=300, catch_up_timeout_ms=500)
+    try:
+        acks, start = [], reader.initialOffset()
+        for _ in range(40):
+            batches, end = reader.read(start)
+            batch_acks = [v for v in values(batches) if v.startswith(b"ack-")]
+            assert not batch_acks or end["0"] == 4000
+            acks += batch_acks
+            start = end
+            if end == {"0": 4000, "1": 100}:
+                break
+        assert (start, acks) == ({"0": 4000, "1": 100}, [b"ack-%d" % n for n in range(100)])
+    finally:
+        reader.stop()
+
+
+def test_each_read_of_a_backlog_takes_megabytes_of_partition_0_beside_the_acks_partition(broker):
+    """A job behind by 20,000 publishes of 650 bytes reads them in a few large batches, not in the
+    1 MiB a partition that kafka-python fetches by default (with a second partition in the fetch,
+    the dev broker keeps to it: ~1,600 publishes a batch, and a batch costs seconds of Spark)."""
+    topic = new_topic(broker)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
+    try:
+        for _ in range(20000):
+            producer.send(topic, value=b"x" * 650, partition=0)
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1)
+    try:
+        start, sizes = reader.initialOffset(), []
+        for _ in range(3):
+            _, end = reader.read(start)
+            sizes.append(end["0"] - start["0"])
+            start = end
+        assert min(sizes[:2]) > 4000, sizes
+    finally:
+        reader.stop()
+
+
+def test_records_reaching_a_partition_that_was_at_its_end_are_read_while_another_moves(broker):
+    """The ACKs' partition at its end while partition 0 moves on: each ACK appended later is read by
+    the next batches, with its publish."""
+    topic = new_topic(broker)
+    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None)])
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, catch_up_timeout_ms=500)
+    try:
+        batches, end = reader.read(reader.initialOffset())
+        assert (values(batches), end) == ([b"publish-0"], {"0": 1, "1": 0})
+        read = []
+        for n in range(1, 4):
+            append_acks_and_publishes(broker, topic, [(0, f"publish-{n}".encode(), None),
+                                                      (1, f"ack-{n - 1}".encode(), n)])
+            batches, end = reader.read(end)
+            read += values(batches)
+        batches, end = reader.read(end)
+        read += values(batches)
+        assert sorted(read) == [b"ack-0", b"ack-1", b"ack-2", b"publish-1", b"publish-2", b"publish-3"]
+        assert end == {"0": 4, "1": 3}
+    finally:
+        reader.stop()
+
+
 def test_missing_topic_is_a_clear_error(broker):
     reader = KafkaStreamReader(broker.bootstrap, f"nope-{uuid.uuid4().hex[:8]}", metadata_timeout_ms=1000)
     try:
