@@ -76,7 +76,7 @@ def test_parse_offsets_forms():
 def _produce(config, events) -> None:
     producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
     try:
-        for future in [producer.send(config.kafka.commands_topic, value=e.to_bytes()) for e in events]:
+        for future in [producer.send(config.kafka.commands_topic, value=e.to_bytes(), partition=0) for e in events]:
             future.get(timeout=30)
     finally:
         producer.close(timeout=10)
@@ -119,9 +119,11 @@ def test_listener_records_every_batch_of_the_real_query(broker, spark, tmp_path)
     assert [r["num_input_rows"] for r in rows] == [10, 10, 10, 5]
     assert {(r["query_name"], r["query_id"], r["run_id"]) for r in rows} == {
         (config.streaming.query_name, str(query.id), str(query.runId))}
+    # partition 0 of the commands topic, and the ACKs' own (none here)
+    assert all([(p["source"], p["partition"], p["end_offset"]) for p in r["partitions"][1:]]
+               == [(config.kafka.commands_topic, 1, 0)] for r in rows)
     partitions = [r["partitions"] for r in rows]
-    assert all(len(p) == 1 and p[0]["source"] == config.kafka.commands_topic and p[0]["partition"] == 0
-               for p in partitions)
+    assert all(p[0]["source"] == config.kafka.commands_topic and p[0]["partition"] == 0 for p in partitions)
     assert [p[0]["end_offset"] for p in partitions] == [10, 20, 30, 35]
     assert [p[0]["start_offset"] for p in partitions][1:] == [10, 20, 30]
     # every record was in the topic before the query started: the probe sees the end at 35
@@ -148,7 +150,7 @@ def test_listener_records_every_batch_of_the_real_query(broker, spark, tmp_path)
 def test_history_run_recorded_each_batch_once(history):
     rows = _metrics(history.config)
     assert rows and {r["query_name"] for r in rows} == {history.config.streaming.query_name}
-    ends = [r["partitions"][0]["end_offset"] for r in rows]
+    ends = [sum(p["end_offset"] for p in r["partitions"]) for r in rows]  # the commands and the ACKs' own
     assert ends == sorted(ends)
     assert sum(r["num_input_rows"] for r in rows) == ends[-1]  # no batch lost or recorded twice
     assert all(r["partitions"][0]["source"] == history.config.kafka.commands_topic for r in rows)

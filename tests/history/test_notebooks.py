@@ -60,6 +60,6 @@ def test_history_notebook(notebook_env, monkeypatch, tmp_path):
 def test_ops_notebook(notebook_env, tmp_path):
     summary = run_notebook("ops.ipynb", tmp_path)
     assert summary["batches"] >= 1
-    assert summary["rows_in"] == summary["last_end_offset"]  # every command consumed, each batch recorded once
+    assert summary["rows_in"] == summary["end_offsets"]  # every command and ACK consumed, each batch recorded once
     assert summary["pending_per_topic"] == {SPORT: 4}
     assert summary["pending_per_account"] == {"carol": 4}
