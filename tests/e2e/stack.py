@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from concurrent.futures import Future
+
+from kafka import KafkaConsumer, TopicPartition
 
 from deploy.broker import create_topics, free_port
 from gateway.accounts import hash_password
@@ -99,3 +102,24 @@ async def create_smqp_topics(address: tuple[str, int], *topics: str) -> None:
     async with await SMQPClient.open(*address) as admin:
         for topic in topics:
             await admin.create_topic(topic)
+
+
+def commands_records(config: SMQPConfig) -> dict[int, list]:
+    """Every record on the commands topic so far, by partition, each in offset order."""
+    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(config.kafka.commands_topic, p)
+                      for p in sorted(consumer.partitions_for_topic(config.kafka.commands_topic))]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records: dict[int, list] = {tp.partition: [] for tp in partitions}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for tp, batch in consumer.poll(timeout_ms=200).items():
+                records[tp.partition] += batch
+            if all(consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
+                   for tp in partitions):
+                break
+        return records
+    finally:
+        consumer.close()

@@ -10,33 +10,18 @@ import contextlib
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from gateway.client import SMQPClient
 from schemas.events import Deliver, Nack, NodeReset, Presence, decode
-from tests.e2e.stack import GatewayThread, create_smqp_topics, hashed, stack_config
+from tests.e2e.stack import GatewayThread, commands_records, create_smqp_topics, hashed, stack_config
 
 OTHER_NODE = 7  # a gateway of the farm the test speaks for
 
 
 def commands(config) -> list:
     """Every event on the commands topic so far (all partitions)."""
-    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(config.kafka.commands_topic, p)
-                      for p in sorted(consumer.partitions_for_topic(config.kafka.commands_topic))]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        events, deadline = [], time.monotonic() + 10
-        while time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
-                events += [decode(r.value) for r in records]
-            if all(consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
-                   for tp in partitions):
-                break
-        return events
-    finally:
-        consumer.close()
+    return [decode(r.value) for records in commands_records(config).values() for r in records]
 
 
 def handed_on(config, account: str, smuid: int) -> list[Nack]:

@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from gateway.client import SMQPClient
 from schemas.events import AFTER_HEADER, Acked, Deliver
-from tests.e2e.stack import GatewayThread, create_smqp_topics, hashed, stack_config
+from tests.e2e.stack import GatewayThread, commands_records, create_smqp_topics, hashed, stack_config
 
 QUIET_S = 1.5  # long enough for a NOTIFY that is coming to arrive (the fold polls every 20 ms)
 
@@ -70,24 +70,6 @@ def test_a_subscriber_logged_in_is_notified_with_no_job_running_and_once_only(br
         write(Acked("bob", smuid))
         assert gateway.gateway.book.pending_count("bob") == 0
         assert gateway.gateway.metrics.routed_early.get() == 1
-
-
-def commands_records(config) -> dict[int, list]:
-    """Every record of the commands topic, by partition."""
-    consumer = KafkaConsumer(bootstrap_servers=config.kafka.bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(config.kafka.commands_topic, p) for p in range(config.kafka.commands_topic_partitions)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning()
-        records: dict[int, list] = {p.partition: [] for p in partitions}
-        for _ in range(50):
-            for tp, batch in consumer.poll(timeout_ms=200).items():
-                records[tp.partition] += batch
-            if all(consumer.position(tp) >= (consumer.highwater(tp) or 1) for tp in partitions):
-                break
-        return records
-    finally:
-        consumer.close()
 
 
 def test_an_ack_goes_to_the_acks_partition_marked_to_follow_its_publish(broker, tmp_path):
