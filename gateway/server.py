@@ -267,7 +267,7 @@ class Connection:
         self.pipelines = self.pipelines or self.unsettled > 0
         linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
-        partition = None if ack is None else self.gateway.config.kafka.acks_partition  # None: by its key
+        partition = None if ack is None else self.gateway.config.kafka.ack_partition_index  # None: by its key
         future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger, partition=partition,
                                          headers=None if partition is None else self.gateway.ack_headers())
         return _PendingReply(future, action.reply, ack)

@@ -51,7 +51,7 @@ class KafkaConfig:
     ack_partition: bool = True
 
     @property
-    def acks_partition(self) -> int | None:
+    def ack_partition_index(self) -> int | None:
         """The commands topic's partition of ACKs, or None when they share the others."""
         return self.commands_partitions if self.ack_partition else None
 

@@ -56,8 +56,8 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
         "maxRecordsPerBatch": str(streaming.max_records_per_batch),
         "pollTimeoutMs": str(streaming.poll_timeout_ms),
     }
-    if kafka.acks_partition is not None:
-        options["ackPartition"] = str(kafka.acks_partition)
+    if kafka.ack_partition_index is not None:
+        options["ackPartition"] = str(kafka.ack_partition_index)
     return "smqp_kafka", options
 
 

@@ -80,7 +80,7 @@ def test_an_ack_goes_to_the_acks_partition_marked_to_follow_its_publish(broker, 
         note = gateway.call(bob.next_notification(timeout=10))
         gateway.call(note.ack())
         records = commands_records(config)
-    assert config.kafka.acks_partition == 1
+    assert config.kafka.ack_partition_index == 1
     [publish] = [r for r in records[0] if r.value.startswith(b'{"type":"publish"')]
     assert not [r for r in records[0] if r.value.startswith(b'{"type":"ack"')]
     [ack] = records[1]

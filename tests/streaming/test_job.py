@@ -46,7 +46,7 @@ def produce(config, events) -> None:
     producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
     try:
         futures = [producer.send(config.kafka.commands_topic, value=e.to_bytes(),
-                                 partition=config.kafka.acks_partition if isinstance(e, ev.Ack) else 0)
+                                 partition=config.kafka.ack_partition_index if isinstance(e, ev.Ack) else 0)
                    for e in events]
         producer.flush(timeout=30)
         for f in futures:
