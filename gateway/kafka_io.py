@@ -1,9 +1,9 @@
 """The gateway's Kafka edges: the durable append and the tails, in the event loop.
 
 All of a gateway's Kafka I/O runs in its asyncio loop, on kafka-python's
-sans-I/O protocol layer (its request and response classes, record batch
-builder and reader, and ``KafkaProtocol`` framing) over asyncio transports:
-no client threads.  kafka-python's own ``KafkaProducer`` and
+sans-I/O protocol layer (its request and response classes and
+``KafkaProtocol`` framing; record batches in :mod:`gateway.kafka_records`)
+over asyncio transports: no client threads.  kafka-python's own ``KafkaProducer`` and
 ``KafkaConsumer`` run a sender or poll thread each; in a gateway with two
 producers and two consumers those threads and the loop took turns holding
 the GIL, and each append paid for the hand-over (measured on this machine:
@@ -63,9 +63,8 @@ from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.producer import ProduceRequest
-from kafka.record.default_records import DefaultRecordBatchBuilder
-from kafka.record.memory_records import MemoryRecords
 
+from gateway.kafka_records import encode_batch, read_batches
 from schemas.config import KafkaConfig
 from schemas.events import Ack, decode
 
@@ -476,16 +475,13 @@ class DurableLog:
 
     async def _produce(self, partition: int, batch: list[_Record]) -> Exception | None:
         """One produce request; settles ``batch`` and returns None, or returns Kafka's error."""
-        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-                                            producer_epoch=-1, base_sequence=-1, batch_size=1 << 31)
-        timestamp = int(time.time() * 1000)
-        for delta, record in enumerate(batch):
-            builder.append(delta, timestamp=timestamp, key=record.key, value=record.value, headers=record.headers)
+        records = encode_batch([(record.key, record.value, record.headers) for record in batch],
+                               int(time.time() * 1000))
         topic_data = ProduceRequest.TopicProduceData
         request = ProduceRequest(
             acks=-1, timeout_ms=int(self._cluster.request_timeout * 1000), max_version=PRODUCE_VERSION,
             topic_data=[topic_data(name=self._topic, partition_data=[topic_data.PartitionProduceData(
-                index=partition, records=bytes(builder.build()))])])
+                index=partition, records=records)])])
         connection = await self._cluster.leader(self._topic, partition, "append")
         response = await connection.call(request, self._cluster.request_timeout + 1)
         answer = response.responses[0].partition_responses[0]
@@ -721,16 +717,10 @@ class Tail:
         """The converted records of one partition's fetched bytes, past its position; the position
         moves past every complete batch (control batches and records before it included)."""
         items, position, convert = [], self.positions[partition], self._convert
-        records = MemoryRecords(data or b"")
-        while (batch := records.next_batch()) is not None:
-            if not batch.validate_crc():
-                raise Errors.CorruptRecordError(f"{self._topic}/{partition}: record batch at "
-                                                f"{batch.base_offset} fails its CRC")
-            if not batch.is_control_batch:
-                for record in batch:
-                    if record.offset >= position and (item := convert(record.offset, record.key, record.value)) \
-                            is not None:
-                        items.append(item)
+        for batch in read_batches(data or b"", f"{self._topic}/{partition}"):
+            for offset, key, value in batch.records:
+                if offset >= position and (item := convert(offset, key, value)) is not None:
+                    items.append(item)
             position = max(position, batch.next_offset)
         self.positions[partition] = position
         return items
