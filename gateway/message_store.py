@@ -166,6 +166,19 @@ class MessageStore:
             rows = table.to_pyarrow_table(columns=COLUMNS, filters=[("topic", "=", topic)])
         return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
 
+    def smuids(self, topic: str) -> list[int]:
+        """The SMUIDs of what :meth:`messages` reads for ``topic``, ascending, once each: what
+        ``COUNT MESSAGE`` counts, read from one column.  (Decoding every message to count them
+        took two thirds of a gateway's CPU while a client counted a topic of 40,000 now and then.)"""
+        owner = trash_of(topic)
+        path, topic = (self.messages_path, topic) if owner is None else (self.trash_path, owner)
+        with self._lock:
+            table = self._current(path)
+            if table is None:
+                return []
+            rows = table.to_pyarrow_table(columns=["smuid"], filters=[("topic", "=", topic)])
+        return pc.unique(rows.column("smuid")).sort().to_pylist()
+
     def trashed(self, topic: str) -> list[StoredMessage]:
         """The messages in canonical ``topic``'s Trash, by ascending SMUID, with why and when.
 

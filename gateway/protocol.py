@@ -172,10 +172,11 @@ class Consult:
 @dataclass(frozen=True)
 class ReadMessages:
     """Load the stored messages of ``topics`` (off the event loop), then carry out
-    ``render(messages)``, in command order."""
+    ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count)."""
 
     topics: tuple[str, ...]
     render: Callable[[list], "list[Action]"]
+    smuids_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -1323,7 +1324,9 @@ class Session:
 
         def decide() -> list[Action] | None:
             if trash_of(pattern) is not None:
-                return [ReadMessages((pattern,), counted)] if self._messages_readable(pattern) else None
+                if not self._messages_readable(pattern):
+                    return None
+                return [ReadMessages((pattern,), counted, smuids_only=True)]
             if not self._exists(pattern) or not self._own_or_public(pattern) or not self._may("subscribe", pattern):
                 return None
             if resource in _TOPIC:
@@ -1333,7 +1336,7 @@ class Session:
                 count = registry.subscribers_in_scope(pattern)
             else:
                 topics = registry.matching(pattern) if pattern.endswith("/*") else [pattern]
-                return [ReadMessages(tuple(topics), counted)]
+                return [ReadMessages(tuple(topics), counted, smuids_only=True)]
             return self._reply(Reply.ok(str(count)))
         return self._consult(decide, pattern)
 

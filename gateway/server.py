@@ -236,8 +236,8 @@ class Connection:
         return answer
 
     async def _read_messages(self, action: ReadMessages) -> list:
-        store = self.gateway.messages
-        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in store.messages(t)])
+        read = self.gateway.messages.smuids if action.smuids_only else self.gateway.messages.messages
+        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t)])
         return action.render(found)
 
     async def _connect_notify(self, action: ConnectNotify) -> list:

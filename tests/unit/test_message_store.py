@@ -177,3 +177,15 @@ def test_rows_deleted_from_the_trash_are_gone_from_the_next_read(tmp_path):
     assert [m.smuid for m in messages.messages("/t/Trash")] == [1, 2]
     DeltaTable(str(tmp_path / "trash")).delete("smuid = 1")
     assert [m.smuid for m in messages.messages("/t/Trash")] == [2]
+
+
+def test_smuids_are_what_a_count_reads_of_a_topic_and_of_its_trash(tmp_path):
+    text = Section([("Content-Type", "text/plain")], b"x")
+    append(tmp_path / "messages", row(30, "/a", [text]), row(10, "/a", [text]), row(20, "/b", [text]))
+    append(tmp_path / "messages", row(30, "/a", [text], batch_id=1))  # a row written twice counts once
+    messages = store(tmp_path)
+    assert messages.smuids("/a") == [m.smuid for m in messages.messages("/a")] == [10, 30]
+    assert messages.smuids("/a/Trash") == messages.messages("/a/Trash") == []
+    trash(tmp_path / "trash", trash_row(10, "/a"), trash_row(10, "/a"), trash_row(20, "/b"))
+    assert messages.smuids("/a/Trash") == [m.smuid for m in messages.messages("/a/Trash")] == [10]
+    assert messages.smuids("/nothing") == []
