@@ -56,13 +56,6 @@ Offsets = dict[str, int]
 #: The most one fetch brings back of a partition: a batch's worth of records (20,000 of ~600 bytes).
 MAX_PARTITION_FETCH_BYTES = 16 << 20
 
-#: A read that got records polls again while a partition is this many records behind its end, so a
-#: backlog is read in batches of ``maxRecordsPerBatch``, not of what one fetch returns (the dev
-#: broker returns ~5 MB, ~8,000 publishes): every batch plans the routing query anew, and fewer,
-#: fuller batches caught up on 40,000 publishes 17.6 s after they came instead of 22.4 s.  A
-#: trickle (the end a few records ahead when the poll returns) does not hold a batch back.
-BACKLOG_RECORDS = 1000
-
 
 class KafkaSourceError(RuntimeError):
     """The topic cannot be read as asked (missing topic, replay range unavailable …)."""
@@ -250,8 +243,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
         Polls again, up to ``catchUpTimeoutMs``, while the broker holds more and there is nothing
         to read, or a partition behind has given nothing yet (the dev broker may answer one
-        partition of a fetch and not another, lacking time), or a partition is a backlog behind
-        (:data:`BACKLOG_RECORDS`), or an ACK waits for partition 0 (what
+        partition of a fetch and not another, lacking time), or an ACK waits for partition 0 (what
         comes of the ACKs' partition meanwhile is dropped: :meth:`read` seeks it back).  Never
         ``pause``: a partition paused with records buffered, sought and resumed was not fetched
         again by kafka-python while another partition kept it busy."""
@@ -264,7 +256,6 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             answered.update(tp.partition for tp, batch in polled.items() if batch)
             behind = [p for p in partitions if self._behind(consumer, [p])]
             starved = [p for p in behind if p not in answered]
-            backlog = [p for p in behind if self._behind(consumer, [p], by=BACKLOG_RECORDS)]
             self._pace(consumer, bool(polled) and not starved, bool(behind))
             kept.extend(r for batch in polled.values() for r in batch
                         if (self._target is None or r.offset < self._target.get(r.partition, 0))
@@ -274,7 +265,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             if held is not None:  # reading the ACKs further gains nothing until partition 0 moves
                 more = [p for p in behind if p != self.ack_partition]
             else:
-                more = starved + backlog if kept else behind
+                more = starved if kept else behind
             if not more or time.monotonic() > deadline or len(kept) >= limit:
                 return kept, held
 
@@ -304,16 +295,15 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             fetcher_config["fetch_max_wait_ms"] = next_wait_ms(
                 fetcher_config["fetch_max_wait_ms"], self._fetch_wait_ms, got_records, behind)
 
-    def _behind(self, consumer, partitions: list[int], by: int = 1) -> bool:
-        """True while some partition's known end (high watermark, capped by the target) is ``by``
-        records or more ahead of us (an unknown end counts as ahead)."""
+    def _behind(self, consumer, partitions: list[int]) -> bool:
+        """True while some partition's known end (high watermark, capped by the target) is ahead of us."""
         for p in partitions:
             tp = self._tp(p)
             highwater = consumer.highwater(tp)
             goal = highwater
             if self._target is not None:
                 goal = self._target.get(p, 0) if highwater is None else min(self._target.get(p, 0), highwater)
-            if goal is None or goal - consumer.position(tp) >= by:
+            if goal is None or goal > consumer.position(tp):
                 return True
         return False
 
