@@ -12,7 +12,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming import routing
-from streaming.sink import OUTPUTS, CommandSink, _nothing_to_route, batch_now, decode_records
+from streaming.sink import OUTPUTS, CommandSink, _nothing_to_route, batch_now, decode_records, events_by_kind
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -435,3 +435,19 @@ def test_a_removed_topics_message_goes_to_its_trash_once_acks_settle_its_last_pe
     unrouted = DeltaTable(config.table_path("unrouted")).to_pyarrow_table().to_pylist()
     assert [(r["smuid"], r["status"]) for r in unrouted] == [(1, "trashed")]
     assert sink.removed_held() == set()
+
+
+def test_the_routing_query_reads_each_kind_of_event_from_a_relation_of_its_own():
+    """Every command lands in the relation of its kind; a record of no kind (not JSON, an unknown type)
+    in none, as the routing query's validity filter would drop it anyway."""
+    records = pa.table({"value": [e.to_bytes() for e in (
+        ev.Publish(1, "/t", "c1", "alice", "ga", US0), ev.Ack("bob", "gb", 1, US0 + 1),
+        ev.Subscribe("bob", "gb", "/t", US0 + 2), ev.Unsubscribe("bob", "gb", "/t", US0 + 3),
+        ev.Nack("bob", "gb", 1, US0 + 4, 3, "disconnect"), ev.Tick(US0 + 5))] + [b"not json"],
+        "timestamp": [T0] * 7, "partition": [0] * 7, "offset": list(range(7))})
+
+    kinds = events_by_kind(decode_records(records))
+
+    assert {kind: rows.column("type").to_pylist() for kind, rows in kinds.items()} == {
+        "publish": ["publish"], "subscription": ["subscribe", "unsubscribe"], "ack": ["ack"], "nack": ["nack"]}
+    assert kinds["ack"].column("kafka_offset").to_pylist() == [1]
