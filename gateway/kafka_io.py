@@ -77,6 +77,10 @@ RECONNECT_BACKOFF_S = 0.05
 #: Bytes of records per produce request (a single larger record still goes, alone): under the
 #: brokers' default ``message.max.bytes`` of ~1 MB.
 MAX_BATCH_BYTES = 512 * 1024
+
+#: How many keys' partitions a :class:`DurableLog` remembers (forgotten all at once beyond that).
+PARTITION_MEMORY = 65536
+
 #: Bytes one fetch may bring back, per partition and in all: a tail catching up on a burst of the
 #: job's records holds no more than this (and its records) at once.
 FETCH_MAX_BYTES = 1 << 20
@@ -345,18 +349,25 @@ class _Lane:
 
 
 class DurableLog:
-    """Appends events to the commands topic; an append completes once Kafka acked it (acks=all).
+    """Appends events to the commands topic (or ``topic``: the job's sink appends to the deliveries
+    topic with it); an append completes once Kafka acked it (acks=all).
 
     Records are batched per partition by the event loop (see the module docstring).
     """
 
-    def __init__(self, config: KafkaConfig, cluster: Cluster, partitions: list[int]):
+    def __init__(self, config: KafkaConfig, cluster: Cluster, partitions: list[int], topic: str | None = None):
         self._config = config
         self._cluster = cluster
-        self._topic = config.commands_topic
+        self._topic = topic or config.commands_topic
         self._lanes = {p: _Lane(p) for p in partitions}
-        self._keyed = partitions[:config.commands_partitions]  # not the ACKs' own partition
+        # a key picks among all partitions but, in the commands topic, the ACKs' own
+        self._keyed = partitions if topic else partitions[:config.commands_partitions]
+        self._partition_of: dict[bytes, int] = {}
         self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._lanes)
 
     @classmethod
     async def open(cls, config: KafkaConfig, cluster: Cluster | None = None) -> DurableLog:
@@ -401,9 +412,16 @@ class DurableLog:
         return future
 
     def _partition_for(self, key: bytes | None) -> int:
+        """Kafka's default partitioner, remembered per key: murmur2 in Python costs ~3-5 µs a call, as
+        much as encoding the record (keys are accounts and topics, few and recurring)."""
         if len(self._keyed) == 1 or not key:
             return self._keyed[0]
-        return self._keyed[(murmur2(key) & 0x7FFFFFFF) % len(self._keyed)]
+        partition = self._partition_of.get(key)
+        if partition is None:
+            if len(self._partition_of) >= PARTITION_MEMORY:
+                self._partition_of.clear()
+            partition = self._partition_of[key] = self._keyed[(murmur2(key) & 0x7FFFFFFF) % len(self._keyed)]
+        return partition
 
     async def _send(self, lane: _Lane) -> None:
         """Send ``lane``'s records, a request at a time, until none wait; retry what Kafka could not
