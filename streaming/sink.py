@@ -18,7 +18,7 @@ Per batch, :class:`CommandSink` runs the pure transforms of
    exactly as the first attempt did;
 3. **announces** ``Progress`` (commands partition → next offset) to every
    deliveries partition, *after* the commit, so it always means "committed";
-4. flushes the producer and fails the batch if any send failed.
+4. waits for Kafka to take every record sent (:mod:`streaming.kafka_out`) and fails the batch if one failed.
 
 ACKs for deliveries this job never routed are ignored in Delta (no row is
 created) but still answered with ``Acked``: the ACK itself is durable in
@@ -48,6 +48,7 @@ from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
 from streaming import dispatch, routing
+from streaming.kafka_out import DeliveriesLog
 from streaming.retention import TrashSweeper
 
 log = logging.getLogger(__name__)
@@ -647,9 +648,9 @@ def _redeliver(deliver: pa.Table, holders: dict[int, str | None], changed: set[i
 
 
 class CommandSink:
-    """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one KafkaProducer.
+    """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one producer (:mod:`streaming.kafka_out`).
 
-    ``close()`` flushes and closes the producer; call it after the query stops.
+    ``close()`` lets it finish and closes it; call it after the query stops.
     """
 
     def __init__(self, config: SMQPConfig):
@@ -701,23 +702,16 @@ class CommandSink:
         version = table.transaction_version(self.app_id(name))
         return None if version is not None and version >= batch_id else table
 
-    def producer(self):
-        """The long-lived producer (acks=all), created on first use."""
+    def producer(self) -> DeliveriesLog:
+        """The long-lived producer to the deliveries topic (acks=all), created on first use."""
         if self._producer is None:
-            from kafka import KafkaProducer
-
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.config.kafka.bootstrap,
-                acks="all",
-                linger_ms=self.config.kafka.linger_ms,
-                client_id=f"{self.query_name}-sink",
-            )
+            self._producer = DeliveriesLog(self.config.kafka, self.config.kafka.deliveries_topic,
+                                           client_id=f"{self.query_name}-sink")
         return self._producer
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(timeout=30)
-            self._producer.close(timeout=30)
+            self._producer.close()
             self._producer = None
 
     def active_subscriptions(self) -> pa.Table:
@@ -1179,21 +1173,18 @@ WHERE {alive}({matches})
     # -- Kafka
 
     def _emit(self, records: pa.Table) -> list:
-        producer = self.producer()
-        topic = self.config.kafka.deliveries_topic
-        return [producer.send(topic, key=key, value=value.encode())
-                for key, value in zip(records.column("key").to_pylist(), records.column("value").to_pylist())]
+        if not records.num_rows:
+            return []
+        values = [value.encode() for value in records.column("value").to_pylist()]
+        return [self.producer().send(list(zip(records.column("key").to_pylist(), values, [None] * len(values))))]
 
     def _progress(self, offsets: dict[str, int]) -> list:
         producer = self.producer()
-        topic = self.config.kafka.deliveries_topic
         value = json.dumps({"type": "progress", "commands_offsets": offsets}, separators=(",", ":")).encode()
-        partitions = sorted(producer.partitions_for(topic)) or [0]
-        return [producer.send(topic, value=value, partition=p) for p in partitions]
+        return [producer.send([(None, value, p) for p in producer.partitions])]
 
     def _flush(self, futures: list) -> None:
-        self.producer().flush(timeout=30)
-        failed = [f.exception for f in futures if not f.is_done or f.failed()]
+        failed = self.producer().wait(futures)
         if failed:
             raise RuntimeError(f"{len(failed)} record(s) to {self.config.kafka.deliveries_topic!r} "
                                f"not acknowledged: {failed[0]!r}")

@@ -1,0 +1,72 @@
+"""The sink's producer to the deliveries topic (``streaming.kafka_out``), against the real dev broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.partitioner.default import murmur2
+
+from deploy.broker import DevBroker, create_topics
+from schemas.config import KafkaConfig
+from streaming.kafka_out import DeliveriesLog
+
+
+def _config(bootstrap: str, partitions: int = 3, **kafka) -> KafkaConfig:
+    name = uuid.uuid4().hex[:8]
+    config = KafkaConfig(bootstrap=bootstrap, commands_topic=f"cmd-{name}", deliveries_topic=f"dlv-{name}",
+                         deliveries_partitions=partitions, **kafka)
+    create_topics(config)
+    return config
+
+
+def _read(config: KafkaConfig, partition: int, count: int) -> list[tuple[bytes | None, bytes]]:
+    """The first ``count`` records of one deliveries partition, read by kafka-python's own consumer."""
+    consumer = KafkaConsumer(bootstrap_servers=config.bootstrap, enable_auto_commit=False)
+    place = TopicPartition(config.deliveries_topic, partition)
+    consumer.assign([place])
+    consumer.seek_to_beginning(place)
+    records, deadline = [], time.monotonic() + 20
+    while len(records) < count and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            records += [(record.key, record.value) for record in batch]
+    consumer.close()
+    return records
+
+
+def test_records_land_in_order_on_their_keys_partition_and_a_pinned_one_on_its_own(broker):
+    """Where kafka-python's producer (and Kafka's Java client) would put them: each account's
+    ``Deliver``/``Acked`` records on one partition, in the order sent; ``Progress`` on each partition."""
+    config = _config(broker.bootstrap)
+    log = DeliveriesLog(config, config.deliveries_topic, client_id="test-sink")
+    try:
+        assert log.partitions == [0, 1, 2]
+        accounts = [b"alice", b"bob", b"carol", b"dave"]
+        records = [(account, f"{account.decode()} {n}".encode(), None) for n in range(300) for account in accounts]
+        first = log.send(records)
+        progress = log.send([(None, b"progress", p) for p in log.partitions])
+        assert log.wait([first, progress]) == []
+    finally:
+        log.close()
+
+    for partition in (0, 1, 2):
+        mine = [key for key in accounts if (murmur2(key) & 0x7FFFFFFF) % 3 == partition]
+        expected = [(key, value) for key, value, _ in records if key in mine] + [(None, b"progress")]
+        assert _read(config, partition, len(expected)) == expected
+
+
+def test_records_kafka_cannot_take_are_reported_by_their_delivery_timeout():
+    """The sink fails its batch on them (and Spark runs it again): nothing is taken as sent."""
+    with DevBroker() as own:
+        config = _config(own.bootstrap, partitions=1, delivery_timeout_ms=1500)
+        log = DeliveriesLog(config, config.deliveries_topic, client_id="test-sink")
+        try:
+            assert log.wait([log.send([(b"bob", b"before", None)])]) == []
+            own.stop()
+            started = time.monotonic()
+            errors = log.wait([log.send([(b"bob", b"lost", None), (None, b"progress", 0)])])
+            assert len(errors) == 2
+            assert 1.0 <= time.monotonic() - started <= 10
+        finally:
+            log.close()
