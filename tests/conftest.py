@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 
 import pytest
 
-from deploy.broker import DevBroker
+from deploy.broker import DevBroker, create_topics
+from schemas.config import KafkaConfig
+
+
+def kafka_config(bootstrap: str, **kafka) -> KafkaConfig:
+    """A Kafka configuration whose commands and deliveries topics are new ones of its own, created."""
+    name = uuid.uuid4().hex[:8]
+    config = KafkaConfig(bootstrap=bootstrap, commands_topic=f"cmd-{name}", deliveries_topic=f"dlv-{name}", **kafka)
+    create_topics(config)
+    return config
 
 
 @pytest.fixture(scope="session")

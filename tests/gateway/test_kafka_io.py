@@ -6,25 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
 from kafka.protocol.consumer import FetchRequest
 from kafka.record.memory_records import MemoryRecords
 
-from deploy.broker import DevBroker, create_topics
+from deploy.broker import DevBroker
 from gateway.kafka_io import (FETCH_VERSION, Appended, Cluster, DurableLog, Tail, deliveries_tail, next_wait_ms,
                               read_acks_since)
 from schemas.config import KafkaConfig
 from schemas.events import Ack, Sync
+from tests.conftest import kafka_config
 
 
 def _config(bootstrap: str, partitions: int = 1, **kafka) -> KafkaConfig:
-    name = uuid.uuid4().hex[:8]
-    config = KafkaConfig(bootstrap=bootstrap, commands_topic=f"cmd-{name}", deliveries_topic=f"dlv-{name}",
-                         commands_partitions=partitions, **kafka)
-    create_topics(config)
-    return config
+    return kafka_config(bootstrap, commands_partitions=partitions, **kafka)
 
 
 async def _read_all(config: KafkaConfig, cluster: Cluster) -> list[tuple[int, bytes, bytes]]:

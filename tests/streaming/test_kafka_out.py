@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from deploy.broker import DevBroker, create_topics
+from deploy.broker import DevBroker
 from schemas.config import KafkaConfig
 from streaming.kafka_out import DeliveriesLog
+from tests.conftest import kafka_config
 
 
 def _config(bootstrap: str, partitions: int = 3, **kafka) -> KafkaConfig:
-    name = uuid.uuid4().hex[:8]
-    config = KafkaConfig(bootstrap=bootstrap, commands_topic=f"cmd-{name}", deliveries_topic=f"dlv-{name}",
-                         deliveries_partitions=partitions, **kafka)
-    create_topics(config)
-    return config
+    return kafka_config(bootstrap, deliveries_partitions=partitions, **kafka)
 
 
 def _read(config: KafkaConfig, partition: int, count: int) -> list[tuple[bytes | None, bytes]]:
