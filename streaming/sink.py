@@ -489,9 +489,9 @@ def events_by_kind(decoded: pa.Table) -> dict[str, pa.Table]:
 
     Why: Spark evaluates a small relation while optimising, once per reference to it, and every
     transform reads the events of one kind; with one relation of every event, each reference
-    filtered all of them (an ACK batch's 20,000 rows by every publish transform: ~70 % of its
-    planning).  Split, a transform whose kind the batch lacks reads an empty relation, folded away
-    without reading a row.
+    filtered all of them (an ACK batch's 20,000 rows by every publish transform; measured: planning
+    such a batch took 1.9-2.1 s, split 0.8-0.9 s).  Split, a transform whose kind the batch lacks
+    reads an empty relation, folded away without reading a row.
     """
     types = decoded.column("type")
     return {kind: decoded.filter(pc.fill_null(pc.is_in(types, pa.array(names)), False))
