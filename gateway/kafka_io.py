@@ -361,7 +361,7 @@ class DurableLog:
         self._topic = topic or config.commands_topic
         self._lanes = {p: _Lane(p) for p in partitions}
         # a key picks among all partitions but, in the commands topic, the ACKs' own
-        self._keyed = partitions if topic else partitions[:config.commands_partitions]
+        self._keyed = partitions[:config.commands_partitions] if self._topic == config.commands_topic else partitions
         self._partition_of: dict[bytes, int] = {}
         self._tasks: set[asyncio.Task] = set()
 

@@ -22,28 +22,30 @@ _FLUSH_GRACE_S = 5.0
 
 
 class DeliveriesLog:
-    """Appends to one topic from any thread; each :meth:`send` is one future for all its records."""
+    """Appends to the deliveries topic from any thread; each :meth:`send` is one future for all its
+    records."""
 
-    def __init__(self, config: KafkaConfig, topic: str, client_id: str):
+    def __init__(self, config: KafkaConfig, client_id: str):
         self._config = config
+        self._cluster = Cluster(config, client_id=client_id)
+        self._log: DurableLog | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{client_id}-kafka", daemon=True)
         self._thread.start()
         try:
-            self._log = self._run(self._open(topic, client_id)).result()
+            self._log = self._run(self._open()).result()
         except BaseException:
             self.close()
             raise
 
-    async def _open(self, topic: str, client_id: str) -> DurableLog:
-        self._cluster = Cluster(self._config, client_id=client_id)
+    async def _open(self) -> DurableLog:
+        topic = self._config.deliveries_topic
         return DurableLog(self._config, self._cluster, await self._cluster.partitions(topic), topic=topic)
 
     async def _close(self) -> None:
-        if hasattr(self, "_log"):
+        if self._log is not None:
             await self._log.close()
-        if hasattr(self, "_cluster"):
-            self._cluster.close()
+        self._cluster.close()
 
     def _run(self, coroutine) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)

@@ -705,8 +705,7 @@ class CommandSink:
     def producer(self) -> DeliveriesLog:
         """The long-lived producer to the deliveries topic (acks=all), created on first use."""
         if self._producer is None:
-            self._producer = DeliveriesLog(self.config.kafka, self.config.kafka.deliveries_topic,
-                                           client_id=f"{self.query_name}-sink")
+            self._producer = DeliveriesLog(self.config.kafka, client_id=f"{self.query_name}-sink")
         return self._producer
 
     def close(self) -> None:

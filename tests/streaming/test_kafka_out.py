@@ -35,7 +35,7 @@ def test_records_land_in_order_on_their_keys_partition_and_a_pinned_one_on_its_o
     """Where kafka-python's producer (and Kafka's Java client) would put them: each account's
     ``Deliver``/``Acked`` records on one partition, in the order sent; ``Progress`` on each partition."""
     config = _config(broker.bootstrap)
-    log = DeliveriesLog(config, config.deliveries_topic, client_id="test-sink")
+    log = DeliveriesLog(config, client_id="test-sink")
     try:
         assert log.partitions == [0, 1, 2]
         accounts = [b"alice", b"bob", b"carol", b"dave"]
@@ -56,7 +56,7 @@ def test_records_kafka_cannot_take_are_reported_by_their_delivery_timeout():
     """The sink fails its batch on them (and Spark runs it again): nothing is taken as sent."""
     with DevBroker() as own:
         config = _config(own.bootstrap, partitions=1, delivery_timeout_ms=1500)
-        log = DeliveriesLog(config, config.deliveries_topic, client_id="test-sink")
+        log = DeliveriesLog(config, client_id="test-sink")
         try:
             assert log.wait([log.send([(b"bob", b"before", None)])]) == []
             own.stop()
