@@ -51,11 +51,20 @@ class _Publisher:
 class _Subscriber:
     def __init__(self, client: SMQPClient):
         self.client = client
-        self.acks: set[asyncio.Future] = set()  # in a notify window: ACKs sent, their 310 ACK not yet back
+        self.acks: set[asyncio.Future] = set()  # in a notify window: ACKs sent whose 310 ACK is not back, or failed
 
     async def receive(self, timeout: float):
         note = await self.client.next_notification(timeout)  # a Notification: .data, .ack() (two-phase)
         return note if self.client.notify_window == 1 else _Windowed(note, self)
+
+    def track(self, ack: asyncio.Future) -> None:
+        """Keep ``ack`` until its ``310 ACK`` came back; a failed one stays for :meth:`flush` to raise."""
+        self.acks.add(ack)
+        ack.add_done_callback(self._answered)
+
+    def _answered(self, ack: asyncio.Future) -> None:
+        if not ack.cancelled() and ack.exception() is None:
+            self.acks.discard(ack)
 
     async def flush(self) -> None:
         """Wait until every ACK sent has its server ``310 ACK`` (durable); raise if one failed."""
@@ -77,7 +86,7 @@ class _Windowed:
         self.data = note.data
 
     async def ack(self) -> None:
-        self.subscriber.acks.add(asyncio.ensure_future(self.note.ack()))
+        self.subscriber.track(self.note.acknowledge())
 
 
 async def _quit(client: SMQPClient) -> None:

@@ -774,6 +774,59 @@ def test_a_310_reply_naming_another_message_is_a_protocol_error():
     run(body)
 
 
+def test_acknowledge_sends_a_windows_acks_without_waiting_and_each_settles_on_its_own_reply():
+    """acknowledge() returns at once: the server reads all three ACKs before it answers any, and
+    each future settles on its own reply: a matching 310 ACK, one naming another message (a
+    protocol error) and a refusal (SMQPError)."""
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"SET NOTIFY WINDOW 3\r\n\r\n")
+        await conn.send(OK + notify_of(1) + notify_of(2) + notify_of(3))
+        await conn.expect(b"310 ACK www.host.com/1\r\n\r\n310 ACK www.host.com/2\r\n\r\n310 ACK www.host.com/3\r\n\r\n")
+        await conn.send(b"310 ACK www.host.com/1\r\n\r\n")
+        await conn.expect(b"NOOP\r\n\r\n")
+        await conn.send(b"310 ACK www.host.com/9\r\n\r\n" + b"503 Kafka unavailable\r\n\r\n" + OK)
+        await conn.steps(QUIT)
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            async with await logged_in(server) as client:
+                await client.set_notify_window(3)
+                notes = [await client.next_notification(STEP_TIMEOUT) for _ in range(3)]
+                first, second, third = [note.acknowledge() for note in notes]
+                await asyncio.wait_for(first, STEP_TIMEOUT)
+                assert not second.done() and not third.done()
+                await client.noop()  # answered after the two ACKs before it
+                with pytest.raises(cp.ServerProtocolError, match="www.host.com/2"):
+                    await second
+                with pytest.raises(SMQPError) as refused:
+                    await third
+                assert refused.value.code == 503
+                assert notes[0].acknowledge().done()  # twice: nothing more is sent
+                await client.quit()
+    run(body)
+
+
+def test_acknowledge_during_a_multi_step_exchange_goes_out_after_it():
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"NOOP\r\n\r\n")
+        await conn.send(OK + NOTIFY_MESSAGE)
+        await conn.steps([*PASSWORD_EXCHANGE, (cp.ACK, b"310 ACK\r\n\r\n"), *QUIT])
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            async with await logged_in(server) as client:
+                await client.noop()
+                note = await client.next_notification(STEP_TIMEOUT)
+                change = asyncio.create_task(client.change_password("old pw", "n3w"))
+                await asyncio.sleep(0)  # the exchange has the connection
+                acked = note.acknowledge()
+                await asyncio.wait_for(asyncio.gather(change, acked), STEP_TIMEOUT)
+                await client.quit()
+    run(body)
+
+
 def test_cli_sub_window_sets_the_window_and_acknowledges_by_smuid(capsys):
     script = steps(LOGIN, [
         (b"SET NOTIFY WINDOW 5\r\n\r\n", OK),
