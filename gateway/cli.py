@@ -109,7 +109,7 @@ async def _sub(client: SMQPClient, args: argparse.Namespace) -> int:
     if args.server_timeout:
         await client.subscribe_server_timeout()
     received, bye = 0, False
-    acks: set[asyncio.Task] = set()  # in a window, messages are acknowledged without waiting
+    acks: set[asyncio.Future] = set()  # in a window, messages are acknowledged without waiting
     try:
         while not args.count or received < args.count:
             note = await _next(client, args, bye)
@@ -117,7 +117,7 @@ async def _sub(client: SMQPClient, args: argparse.Namespace) -> int:
                 break
             print(_describe(note, args.verbose), flush=True)
             if args.window > 1:
-                acks.add(asyncio.ensure_future(note.ack()))
+                acks.add(note.acknowledge())
                 for done in [ack for ack in acks if ack.done()]:
                     acks.discard(done)
                     done.result()  # a refused or lost ACK ends the command with its error
