@@ -26,7 +26,10 @@ does nothing.
 pipelining extension) lets up to n NOTIFY MESSAGEs await their ACK at once;
 then ``ack()`` names the message (``310 ACK <smuid>``), checks that the
 server's ``310 ACK <smuid>`` names the same one, and several ``ack()`` calls
-may be outstanding together.
+may be outstanding together; :meth:`Notification.acknowledge` sends one without
+waiting and returns a future its reply settles (a consumer working through a
+window acknowledges as it goes, like pika's ``basic_ack``, and still learns of
+a refusal).  Commands written in one tick of the event loop leave in one send.
 """
 
 from __future__ import annotations
