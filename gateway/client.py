@@ -172,14 +172,7 @@ class Notification(_MessageFields):
         returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice.
         In a notify window (:meth:`SMQPClient.set_notify_window`) it names the message,
         ``310 ACK <smuid>``, so acknowledgements may be sent in any order and overlap."""
-        needs, smuid = self._ack_smuid()
-        if not needs:
-            return
-        self._acked = True
-        try:
-            self._check_ack(await self._client._request(self._channel, self._ack_command(smuid)), smuid)
-        finally:
-            self._channel.unacknowledged.pop(smuid, None)
+        await self.acknowledge()
 
     def acknowledge(self) -> asyncio.Future:
         """:meth:`ack` without waiting, for a consumer working through a notify window: the
@@ -191,12 +184,26 @@ class Notification(_MessageFields):
             done = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
-        channel = self._channel
-        if channel.lock.locked():
-            return asyncio.ensure_future(self.ack())
         self._acked = True
+        if self._channel.lock.locked():
+            return asyncio.ensure_future(self._ack_after_exchange(smuid))
+        return self._send_ack(smuid)
+
+    async def _ack_after_exchange(self, smuid: str | None) -> None:
         try:
-            waiter = channel.submit(self._ack_command(smuid))
+            async with self._channel.lock:
+                outcome = self._send_ack(smuid)
+        except BaseException:
+            self._channel.unacknowledged.pop(smuid, None)
+            raise
+        await outcome
+
+    def _send_ack(self, smuid: str | None) -> asyncio.Future:
+        """Submit the ``310 ACK``; the future settles on its reply, which in a notify window must
+        name the message.  Either way the message leaves the channel's unacknowledged ones."""
+        channel, window = self._channel, self._client.notify_window
+        try:
+            waiter = channel.submit(cp.ACK if window == 1 else cp.render_command("310", "ACK", smuid))
         except BaseException:
             channel.unacknowledged.pop(smuid, None)
             raise
@@ -207,21 +214,15 @@ class Notification(_MessageFields):
             if outcome.cancelled():
                 return
             try:
-                self._check_ack(_check(reply.result()), smuid)
+                last = _check(reply.result()).lines[-1]
+                if window != 1 and last.split()[1:] != [smuid]:
+                    raise cp.ServerProtocolError(f"310 ACK of {smuid} answered {last!r}")
             except BaseException as error:  # noqa: BLE001 - handed to whoever awaits the future
                 outcome.set_exception(error)
             else:
                 outcome.set_result(None)
         waiter.add_done_callback(answered)
         return outcome
-
-    def _ack_command(self, smuid: str | None) -> bytes:
-        return cp.ACK if self._client.notify_window == 1 else cp.render_command("310", "ACK", smuid)
-
-    def _check_ack(self, reply: cp.ReplyFrame, smuid: str | None) -> None:
-        """In a notify window, the server's ``310 ACK <smuid>`` must name the message acknowledged."""
-        if self._client.notify_window != 1 and reply.lines[-1].split()[1:] != [smuid]:
-            raise cp.ServerProtocolError(f"310 ACK of {smuid} answered {reply.lines[-1]!r}")
 
     async def reply(self, data: bytes | str, **options) -> int:
         """PUB REPLY to this message (see :meth:`SMQPClient.publish_reply`); returns the SMUID."""
