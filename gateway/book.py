@@ -57,8 +57,11 @@ class NotifyQueue:
             self._seen.add(deliver.smuid)
             heapq.heappush(self._heap, (_order(deliver), deliver))
 
-    def pop(self, skip: Callable[[Deliver], bool] = lambda deliver: False) -> Deliver | None:
-        """The first delivery in order that ``skip`` does not hold back (SET NOTIFY SUSPEND)."""
+    def pop(self, skip: Callable[[Deliver], bool] | None = None) -> Deliver | None:
+        """The first delivery in order that ``skip`` does not hold back (SET NOTIFY SUSPEND);
+        without ``skip`` (nothing suspended, as a rule) simply the first one."""
+        if skip is None:
+            return heapq.heappop(self._heap)[1] if self._heap else None
         held = []
         found = None
         while self._heap:

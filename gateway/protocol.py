@@ -1049,6 +1049,11 @@ class Session:
             return self._reply(Reply.error(BAD_REQUEST, "only 310 ACK is read on the notification port"))
         return self.smqp_ACK("310", words[1:])
 
+    @property
+    def suspends(self) -> bool:
+        """Whether SET NOTIFY SUSPEND holds anything back (:meth:`suspended` is worth asking)."""
+        return bool(self._suspended)
+
     def suspended(self, topic: str) -> bool:
         """SET NOTIFY SUSPEND holds NOTIFY MESSAGE for ``topic``."""
         def hit(patterns: set[str]) -> bool:

@@ -506,8 +506,8 @@ class Connection:
         if self.closing:
             return
         window = self.session.notify_window
-        while len(self.in_flight) - self.acking < window and (
-                deliver := self.queue.pop(skip=lambda d: self.session.suspended(d.topic))) is not None:
+        skip = (lambda d: self.session.suspended(d.topic)) if self.session.suspends else None
+        while len(self.in_flight) - self.acking < window and (deliver := self.queue.pop(skip)) is not None:
             frame = self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid))
             if type(frame) is not _Notice:  # rendered just now
                 frame = _Notice(frame)
