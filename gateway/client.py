@@ -90,8 +90,13 @@ class _MessageFields:
     sections: list[Section]
 
     def header(self, name: str) -> str | None:
-        """The first header attribute called ``name`` (case-insensitive)."""
-        return self._attributes(name.lower())[0]
+        """The first header attribute called ``name`` (case-insensitive): :meth:`_attributes`
+        for one name, without its lists."""
+        name = name.lower()
+        for key, value in self.headers:
+            if value is not None and key.lower() == name:
+                return value
+        return None
 
     def _attributes(self, *names: str) -> list[str | None]:
         """The first value of each of ``names`` (lower case), in one pass over the headers."""
@@ -154,6 +159,7 @@ class Notification(_MessageFields):
     _client: SMQPClient | None = field(default=None, repr=False)
     _channel: _Channel | None = field(default=None, repr=False)
     _acked: bool = field(default=False, repr=False)
+    _ack_fields = None  # (guaranteed, Smuid value) once read; not a field: no __init__ argument
 
     @property
     def needs_ack(self) -> bool:
@@ -161,11 +167,16 @@ class Notification(_MessageFields):
         return self._ack_smuid()[0]
 
     def _ack_smuid(self) -> tuple[bool, str | None]:
-        """(:attr:`needs_ack`, the ``Smuid`` value), from one pass over the headers."""
+        """(:attr:`needs_ack`, the ``Smuid`` value), from one pass over the headers.  That
+        pass is made once, when the channel hands the notification over, not again for its
+        ACK: the headers name the message as it arrived."""
         if self.resource != "MESSAGE" or self._acked:
             return False, None
-        guarantee, guar, smuid = self._attributes("guarantee", "guar", "smuid")
-        return (guarantee or guar or "YES").upper() != "NO", smuid
+        fields = self._ack_fields
+        if fields is None:
+            guarantee, guar, smuid = self._attributes("guarantee", "guar", "smuid")
+            fields = self._ack_fields = ((guarantee or guar or "YES").upper() != "NO", smuid)
+        return fields
 
     async def ack(self) -> None:
         """The client half of the two-phase commit, on the connection the NOTIFY came on;
@@ -203,7 +214,7 @@ class Notification(_MessageFields):
         name the message.  Either way the message leaves the channel's unacknowledged ones."""
         channel, window = self._channel, self._client.notify_window
         try:
-            waiter = channel.submit(cp.ACK if window == 1 else cp.render_command("310", "ACK", smuid))
+            waiter = channel.submit(cp.ACK if window == 1 else cp.render_ack(smuid))
         except BaseException:
             channel.unacknowledged.pop(smuid, None)
             raise

@@ -15,6 +15,9 @@
   rule (:class:`gateway.protocol.MessageFramer`: data counted by
   Content-Length, ``.`` end), and the other NOTIFY kinds (TOPIC,
   SUBSCRIBERS, SERVER TIMEOUT/BYE) as attribute lines up to an empty line.
+  A NOTIFY MESSAGE that is all in the buffer and plain, as the gateway
+  renders it, is read at once instead (:class:`_PlainNotify`): the same
+  frame, for a fraction of the framer's steps.
 
 Empty lines between frames are skipped, so the empty line that ends each
 server reply is consumed whether or not a server sends it (the spec's LOGIN
@@ -51,6 +54,16 @@ _RESOURCES = {"MESS": "MESSAGE", "SUB": "SUBSCRIBERS", "SUBSCRIBER": "SUBSCRIBER
 
 #: Abbreviated NOTIFY TOPIC actions → their full names (4.1.11.2).
 TOPIC_ACTIONS = {"ADD": "ADDED", "REN": "RENAME", "DEL": "DELETED", "KEY": "KEYWORDS"}
+
+#: The bytes :func:`gateway.protocol.parse_header` refuses in a line (control bytes but TAB),
+#: CR and LF among them: deleted from a block of lines, they leave it two bytes shorter per CRLF
+#: between its lines when the lines hold none.
+_CONTROL_BYTES = bytes([*range(0x09), *range(0x0a, 0x20), 0x7f])
+
+_NOTIFY_MESSAGE = b"NOTIFY MESSAGE "
+
+#: Header names that start a data header (in lower case), as the framer reads them.
+_DATA_HEADER_NAMES = frozenset({"content-type", "content-length"})
 
 
 class ServerProtocolError(Exception):
@@ -94,7 +107,6 @@ class NotifyFrame:
 
 Frame = Union[Greeting, ReplyFrame, Continuation, NotifyFrame]
 
-
 # --------------------------------------------------------------------------
 # Rendering
 
@@ -110,6 +122,15 @@ def _check_words(words: Iterable[str]) -> list[str]:
 def render_command(*words: str) -> bytes:
     """A command line, then the empty line the spec's clients send after it."""
     return (" ".join(_check_words(words)) + "\r\n\r\n").encode("utf-8")
+
+
+def render_ack(smuid: str) -> bytes:
+    """``310 ACK <smuid>``, as :func:`render_command` renders it: one is sent per message in a
+    notify window, so the usual SMUID (no line break) skips its general checks."""
+    word = str(smuid)
+    if "\r" in word or "\n" in word:
+        return render_command("310", "ACK", word)  # refused there, as any command would be
+    return ("310 ACK " + word + "\r\n\r\n").encode("utf-8")
 
 
 def render_line(text: str) -> bytes:
@@ -238,7 +259,145 @@ def _one_reply(lines: list[bytes]) -> bool:
     code = last[:3]
     if len(code) != 3 or not code.isdigit() or last[3:4] not in (b" ", b""):
         return False
+    if len(lines) == 1:  # most replies (every 310 ACK): no generator to build
+        return True
     return all(line[:3] == code and line[3:4] == b"-" for line in lines[:-1])
+
+
+# -- NOTIFY MESSAGE read at once
+
+
+def _plain_lines(block: bytes | bytearray) -> list[str] | None:
+    """``block`` as lines of text, when they are plain: separated by CRLF, with no other CR or
+    LF, no control byte but TAB, valid UTF-8 (as each line then is)."""
+    if len(block) - len(block.translate(None, _CONTROL_BYTES)) != 2 * block.count(b"\r\n"):
+        return None
+    try:
+        return block.decode("utf-8").split("\r\n")
+    except UnicodeDecodeError:
+        return None
+
+
+def _plain_headers(lines: list[str]) -> Headers | None:
+    """What :func:`gateway.protocol.parse_header` makes of each line, which
+    :func:`_plain_lines` has already checked for control bytes and UTF-8; None if it refuses one."""
+    headers = []
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or " " in name or "\t" in name:
+            return None
+        headers.append((name, value.strip()))
+    return headers
+
+
+def _plain_length(headers: Headers) -> int | None:
+    """A data header's one numeric Content-Length, if it also has a Content-Type (else the
+    framer reports the error)."""
+    lengths, typed = [], False
+    for name, value in headers:
+        name = name.lower()
+        if name == "content-length":
+            lengths.append(value)
+        elif name == "content-type":
+            typed = True
+    if not typed or len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+        return None
+    return int(lengths[0])
+
+
+class _PlainNotify:
+    """Reads a NOTIFY MESSAGE frame at once, when all of it is in the buffer and plain.
+
+    What the gateway sends most is NOTIFY MESSAGE as :func:`gateway.protocol.render_notify`
+    writes it: the NOTIFY line and header lines, an empty line, then sections (data header
+    lines, an empty line, exactly Content-Length bytes, CRLF) and a ``.`` line.  A few finds
+    and splits over the bytes read it, where the framer takes a dozen steps and a parse_header
+    per line.  Only frames the framer reads without error or leniency are read here, so the
+    frame is the framer's; anything else (a frame not all here yet, a bare LF, a control byte,
+    a header line parse_header refuses, a Content-Type/Length among the message headers, a
+    missing, repeated or non-numeric Content-Length, a missing Content-Type, data not followed
+    by CRLF, a line or a total over the reader's limits) is left to the framer, whose
+    errors then stay its own.
+
+    A connection's messages mostly share a few data headers (``Content-Type: text/plain``,
+    ``Content-Length: 200``), so each short one is parsed once and kept, per reader.
+    """
+
+    _KEPT = 64  # data headers kept at most (then forgotten all at once)
+    _KEPT_BYTES = 512  # the longest data header kept
+
+    def __init__(self, max_line_bytes: int, max_header_lines: int, max_message_bytes: int):
+        self._max_line = max_line_bytes
+        self._max_header_lines = max_header_lines
+        self._max_bytes = max_message_bytes
+        self._data_headers: dict[bytes, tuple[tuple[tuple[str, str], ...], int]] = {}
+
+    def __call__(self, data: bytes | bytearray, pos: int) -> tuple[NotifyFrame, int] | None:
+        """The frame at ``pos`` (where ``NOTIFY MESSAGE`` starts) and where it ends, past its
+        ``.`` line and the empty line the server sends after it if that is here too (the
+        reader would skip it next); or None."""
+        head_end = data.find(b"\r\n\r\n", pos)
+        lines = self._lines(data, pos, head_end)  # the NOTIFY line, then the header lines
+        headers = None if lines is None else _plain_headers(lines[1:])
+        if headers is None or not _DATA_HEADER_NAMES.isdisjoint([name.lower() for name, _ in headers]):
+            return None  # (a Content-Type/Length there starts a data header: the framer's leniency)
+        sections: list[Section] = []
+        count, total, at = len(headers), 0, head_end + 4
+        while True:
+            while data.startswith(b"\r\n", at):  # empty lines between sections
+                at += 2
+            if data.startswith(b".\r\n", at):
+                break
+            read = self._section(data, at)
+            if read is None:
+                return None
+            section, at = read
+            sections.append(section)
+            count += len(section.headers)
+            total += len(section.data)
+        if count > self._max_header_lines or total > self._max_bytes:
+            return None
+        end = at + 3  # past the "." line
+        if data.startswith(b"\r\n", end):
+            end += 2
+        return NotifyFrame("MESSAGE", lines[0][len(_NOTIFY_MESSAGE):].strip(), headers, sections), end
+
+    def _lines(self, data: bytes | bytearray, start: int, end: int) -> list[str] | None:
+        """:func:`_plain_lines` of ``data[start:end]``, if ``end`` was found and no line is too
+        long (none is if the block is not: a test of each line is for the rare block that is)."""
+        if end < 0 or end - start > self._max_line:
+            return None
+        return _plain_lines(data[start:end])
+
+    def _section(self, data: bytes | bytearray, start: int) -> tuple[Section, int] | None:
+        """The section at ``start`` and where it ends (past the CRLF after its data)."""
+        head_end = data.find(b"\r\n\r\n", start)
+        parsed = self._data_header(data, start, head_end)
+        if parsed is None:
+            return None
+        headers, length = parsed
+        begin = head_end + 4
+        end = begin + length
+        if not data.startswith(b"\r\n", end):  # (or not all here yet)
+            return None
+        return Section(headers, bytes(data[begin:end])), end + 2
+
+    def _data_header(self, data: bytes | bytearray, start: int, end: int) -> tuple[Headers, int] | None:
+        """The data header ``data[start:end]`` and its Content-Length: parsed, or as parsed before."""
+        key = bytes(data[start:end]) if 0 <= end - start <= self._KEPT_BYTES else None
+        kept = self._data_headers.get(key) if key is not None else None
+        if kept is not None:
+            return list(kept[0]), kept[1]
+        lines = self._lines(data, start, end)
+        headers = None if lines is None else _plain_headers(lines)
+        length = None if headers is None else _plain_length(headers)
+        if length is None:
+            return None
+        if key is not None:
+            if len(self._data_headers) >= self._KEPT:
+                self._data_headers.clear()
+            self._data_headers[key] = (tuple(headers), length)
+        return headers, length
 
 
 @dataclass
@@ -264,6 +423,8 @@ class ServerReader:
         self._buffer = LineBuffer(max_line_bytes)
         self._max_header_lines = max_header_lines
         self._max_message_bytes = max_message_bytes
+        self._plain_notify = _PlainNotify(max_line_bytes, max_header_lines, max_message_bytes)
+        self._read_plain = max_line_bytes >= 1  # (below that, even the "." line is too long)
         self._greeted = not greeting
         self._optional_greeting = not greeting
         self._expected: deque[bool] = deque()  # per request sent: is its reply a GET MESSAGE reply?
@@ -315,6 +476,10 @@ class ServerReader:
                     self._pop_expected()
                     return ReplyFrame(int(lines[0][:3]), [line[4:].decode("utf-8", errors="replace")
                                                           for line in lines])
+            if self._read_plain and self._greeted and self._reply is None:  # where _on_line reads NOTIFY
+                frame = self._buffer.read_with(_NOTIFY_MESSAGE, self._plain_notify)
+                if frame is not None:
+                    return frame
             line = self._read_line()
             if line is None:
                 return None

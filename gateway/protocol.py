@@ -51,7 +51,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from types import MappingProxyType
-from typing import Callable, Union
+from typing import Callable, TypeVar, Union
 
 from gateway.replies import (
     BAD_REQUEST,
@@ -207,6 +207,9 @@ class Need(enum.Enum):
     LINE_TOO_LONG = "line too long"
 
 
+_Read = TypeVar("_Read")  # what a parser given to LineBuffer.read_with reads
+
+
 class LineBuffer:
     """Received bytes not yet consumed, read as lines or counted bytes.
 
@@ -286,6 +289,23 @@ class LineBuffer:
             return None
         self._pos = self._scanned = end + 4
         return lines
+
+    def read_with(self, prefix: bytes, parse: Callable[[bytes | bytearray, int], tuple[_Read, int] | None]) -> _Read | None:
+        """What ``parse`` makes of the unread bytes, if they start with ``prefix``: it is given
+        the bytes held and the index of the first unread one, and returns what it read and the
+        index past it, or None to leave them.  A whole frame is so read where it lies, without
+        being copied first (the client's NOTIFY MESSAGE fast path).  Not while an overlong
+        line's tail is being dropped (those bytes are not a frame's)."""
+        if self._skipping or not self._data.startswith(prefix, self._pos):
+            return None
+        read = parse(self._data, self._pos)
+        if read is None:
+            return None
+        result, end = read
+        self._pos = end
+        if self._scanned < end:  # as if read line by line: no LF before ``end`` left to look for
+            self._scanned = end
+        return result
 
     def peek(self, size: int) -> bytes:
         """Up to ``size`` bytes that come next, left unread."""
