@@ -393,7 +393,7 @@ class DurableLog:
         along whatever lingers.  ``headers``: the record's Kafka headers."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        lane = self._lanes.get(self._partition_for(key) if partition is None else partition)
+        lane = self._lanes.get(self.partition_for(key) if partition is None else partition)
         if lane is None:
             future.set_exception(Errors.UnknownTopicOrPartitionError(f"{self._topic} has no partition {partition}"))
             return future
@@ -411,7 +411,7 @@ class DurableLog:
             task.add_done_callback(self._tasks.discard)
         return future
 
-    def _partition_for(self, key: bytes | None) -> int:
+    def partition_for(self, key: bytes | None) -> int:
         """Kafka's default partitioner, remembered per key: murmur2 in Python costs ~3-5 µs a call, as
         much as encoding the record (keys are accounts and topics, few and recurring)."""
         if len(self._keyed) == 1 or not key:

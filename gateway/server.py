@@ -70,7 +70,7 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import AFTER_HEADER, Ack, Acked, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
+from schemas.events import AFTER_HEADER, Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -935,25 +935,33 @@ class Gateway:
 
     def _on_deliveries(self, events: list) -> None:
         for event in events:
-            if isinstance(event, RawDeliver):
-                if self.book.knows(event.account, event.smuid):
-                    continue  # routed early here, or acknowledged: the job's copy changes nothing
-                try:
-                    event = decode(event.value)
-                except (ValueError, TypeError, KeyError):
-                    log.warning("skipping undecodable deliveries record %r", event.value[:80])
-                    continue
-            deliver = self.book.apply(event)
-            if deliver is not None and deliver.delivery == "one" and not self.logged_in_anywhere(deliver.account):
-                # routed to a subscriber logged in at no gateway: hand it on if someone here can take it
-                self._hand_on(deliver)
-            elif deliver is not None:
-                self._offer(deliver)
-            elif isinstance(event, Acked):
-                self._settled_hand_on(event.account, event.smuid)
-                if event.reason != "acked":
-                    for connection in self.sessions.get(event.account, ()):
-                        connection.withdraw(event.smuid)
+            if type(event) is AckedBatch:
+                for acked in event.events():
+                    self._on_delivery(acked)
+            else:
+                self._on_delivery(event)
+
+    def _on_delivery(self, event) -> None:
+        """One deliveries-topic event: into the book, and to the logins here it concerns."""
+        if isinstance(event, RawDeliver):
+            if self.book.knows(event.account, event.smuid):
+                return  # routed early here, or acknowledged: the job's copy changes nothing
+            try:
+                event = decode(event.value)
+            except (ValueError, TypeError, KeyError):
+                log.warning("skipping undecodable deliveries record %r", event.value[:80])
+                return
+        deliver = self.book.apply(event)
+        if deliver is not None and deliver.delivery == "one" and not self.logged_in_anywhere(deliver.account):
+            # routed to a subscriber logged in at no gateway: hand it on if someone here can take it
+            self._hand_on(deliver)
+        elif deliver is not None:
+            self._offer(deliver)
+        elif isinstance(event, Acked):
+            self._settled_hand_on(event.account, event.smuid)
+            if event.reason != "acked":
+                for connection in self.sessions.get(event.account, ()):
+                    connection.withdraw(event.smuid)
 
     # -- farm-wide presence: handing DELIVERY ONE messages on from accounts logged in nowhere
 

@@ -12,7 +12,8 @@ which the job ignores too, and the job's own :class:`Tick` (its clock), which th
 gateways ignore.  Every event that changes the registry (and ``Sync``) goes to
 partition 0, so all gateways fold them in one order.
 ``smqp.deliveries`` (written by the job, tailed by gateways) carries
-:class:`Deliver`, :class:`Acked` and :class:`Progress`.
+:class:`Deliver`, :class:`Acked` (mostly several to a record: :class:`AckedBatch`) and
+:class:`Progress`.
 
 Every event is one JSON object with a ``type`` field.  Message data is
 base64 so that binary bodies survive JSON; :mod:`schemas.spark` describes
@@ -410,6 +411,30 @@ class Acked(_Event):
 
 
 @dataclass
+class AckedBatch(_Event):
+    """Several :class:`Acked` in one record, in order: the job's settlements of a micro-batch
+    whose accounts share a deliveries partition (each stays on its account's partition, after
+    that account's ``Deliver``).
+
+    Why: an ``Acked`` per record made every gateway parse and decode a Kafka record per
+    acknowledged delivery (~2.9 µs of its CPU each, against ~0.7 µs taken from a batch: as much
+    as a tenth of what a gateway spends per message), and the job append one per delivery.  ``acked`` holds each ``Acked`` as its own record's
+    JSON object would (``{"type":"acked",...}``), so the job joins the ones it made.
+    """
+
+    TYPE: ClassVar[str] = "acked_batch"
+    acked: list[dict]
+
+    def events(self) -> list[Acked]:
+        return [Acked(entry["account"], entry["smuid"], entry.get("reason", "acked")) for entry in self.acked]
+
+    @classmethod
+    def join(cls, acked: list[str]) -> bytes:
+        """The record of ``acked``, each an ``Acked``'s JSON text (the job's, from Spark)."""
+        return ('{"type":"' + cls.TYPE + '","acked":[' + ",".join(acked) + "]}").encode()
+
+
+@dataclass
 class Progress(_Event):
     """The job committed every command below these offsets (partition -> next offset)."""
 
@@ -420,7 +445,7 @@ class Progress(_Event):
 EVENT_TYPES: dict[str, type[_Event]] = {
     cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, CreateTopic, RemoveTopic, RenameTopic,
                               SetTopicKeywords, SetTopicDelivery, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
-                              Presence, NodeReset, Tick, Deliver, Acked, Progress)
+                              Presence, NodeReset, Tick, Deliver, Acked, AckedBatch, Progress)
 }
 
 #: Events the gateways fold (registry and presence); they travel on commands partition 0.
@@ -442,6 +467,12 @@ def decode(raw: bytes | str) -> _Event:
     if "headers" in obj:
         obj["headers"] = [tuple(h) for h in obj["headers"]]
     return cls(**obj)
+
+
+def decode_all(raw: bytes | str) -> list[_Event]:
+    """The events of one record: :func:`decode`, with an :class:`AckedBatch` taken apart."""
+    event = decode(raw)
+    return event.events() if isinstance(event, AckedBatch) else [event]
 
 
 def to_dict(event: _Event) -> dict:

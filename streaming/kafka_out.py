@@ -54,6 +54,10 @@ class DeliveriesLog:
     def partitions(self) -> list[int]:
         return self._log.partitions
 
+    def partition_for(self, key: bytes | None) -> int:
+        """The partition a record keyed ``key`` goes to (Kafka's default partitioner)."""
+        return self._log.partition_for(key)
+
     def send(self, records: list[tuple[bytes | None, bytes, int | None]]) -> concurrent.futures.Future:
         """Append ``(key, value, partition or None)`` records in order; the future holds the errors
         of those Kafka did not take (empty when all are durable)."""

@@ -43,7 +43,7 @@ from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, Lo
                                StructType)
 
 from schemas.config import SMQPConfig
-from schemas.events import Ack, Acked, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
+from schemas.events import Ack, Acked, AckedBatch, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
 from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
@@ -71,6 +71,10 @@ def _with_columns(arrow: pa.Table, schema: pa.Schema) -> pa.Table:
             arrow = arrow.append_column(field, pa.nulls(arrow.num_rows, field.type))
     return arrow
 
+
+#: ``Acked`` events joined into one :class:`AckedBatch` record at most: ~60 bytes each, so a
+#: record of ~120 KB, well inside a fetch's 1 MiB a partition.
+ACKED_PER_RECORD = 2000
 
 #: Per commands partition: the next offset to consume and how many records this batch held.
 PROGRESS = StructType([
@@ -1152,11 +1156,11 @@ WHERE {alive}({matches})
         progress = out["progress"].to_pylist()
         if not progress:
             return
-        futures = self._emit(_by_seq(out["deliver"])) + self._emit(_by_seq(out["acked"]))
+        futures = self._emit(_by_seq(out["deliver"])) + self._emit_acked(_by_seq(out["acked"]))
         if out["expired"].num_rows or subscribes(records):
             # Expiry, and what late subscribers get, are decided from the deliveries table: once its
             # commit holds them, a replay would not announce them again, so they must be out before.
-            futures += self._emit(out["expired"])
+            futures += self._emit_acked(out["expired"])
             self._flush(futures)
             futures = []
         self.commit_outputs(out, batch_id)
@@ -1178,6 +1182,19 @@ WHERE {alive}({matches})
             return []
         values = [value.encode() for value in records.column("value").to_pylist()]
         return [self.producer().send(list(zip(records.column("key").to_pylist(), values, [None] * len(values))))]
+
+    def _emit_acked(self, records: pa.Table) -> list:
+        """``Acked`` records joined, in order, into :class:`AckedBatch` records of up to
+        :data:`ACKED_PER_RECORD` per deliveries partition (each on its account's partition)."""
+        if not records.num_rows:
+            return []
+        producer = self.producer()
+        by_partition: dict[int, list[str]] = {}
+        for key, value in zip(records.column("key").to_pylist(), records.column("value").to_pylist()):
+            by_partition.setdefault(producer.partition_for(key), []).append(value)
+        return [producer.send([(None, AckedBatch.join(values[start:start + ACKED_PER_RECORD]), partition)
+                               for partition, values in by_partition.items()
+                               for start in range(0, len(values), ACKED_PER_RECORD)])]
 
     def _progress(self, offsets: dict[str, int]) -> list:
         producer = self.producer()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from kafka import KafkaProducer
 
 from gateway.client import SMQPClient
-from schemas.events import AFTER_HEADER, Acked, Deliver
+from schemas.events import AFTER_HEADER, Acked, AckedBatch, Deliver
 from tests.e2e.stack import GatewayThread, commands_records, create_smqp_topics, hashed, stack_config
 
 QUIET_S = 1.5  # long enough for a NOTIFY that is coming to arrive (the fold polls every 20 ms)
@@ -94,6 +95,32 @@ def test_without_route_early_only_the_jobs_deliver_notifies(broker, tmp_path):
         assert silent(gateway, bob)
         write(as_the_job(smuid))
         assert gateway.call(bob.next_notification(timeout=10)).smuid == smuid
+
+
+def test_the_jobs_acked_batch_settles_each_delivery_in_it(broker, tmp_path):
+    """One ``AckedBatch`` record does what an ``Acked`` record per delivery did: the book forgets
+    each delivery in it, and those that died unacknowledged (expired) are never sent."""
+    def pending_becomes(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while gateway.gateway.book.pending_count("bob") != count:
+            assert time.monotonic() < deadline, f"bob has {gateway.gateway.book.pending_count('bob')} pending"
+            time.sleep(0.02)
+
+    def batch(*acked: Acked) -> AckedBatch:
+        return AckedBatch([{"type": "acked", "account": a.account, "smuid": a.smuid, "reason": a.reason}
+                           for a in acked])
+
+    with gateway_with_bob(broker, tmp_path, route_early=False) as (config, gateway, ann, bob, write):
+        smuids = [gateway.call(ann.publish("/news/today", f"m{n}")) for n in range(3)]
+        write(*(as_the_job(smuid) for smuid in smuids))
+        first = gateway.call(bob.next_notification(timeout=10))  # window 1: the others wait behind it
+        assert first.smuid == smuids[0]
+        write(batch(*(Acked("bob", smuid, "expired") for smuid in smuids[1:])))
+        pending_becomes(1)
+        gateway.call(first.ack())
+        assert silent(gateway, bob)
+        write(batch(Acked("bob", smuids[0])))
+        pending_becomes(0)
 
 
 def test_delivery_one_and_topics_nobody_subscribes_to_are_left_to_the_job(broker, tmp_path):

@@ -75,7 +75,7 @@ def deliveries_topic(config, at_least: int, timeout: float = 30.0) -> list:
         out, deadline = [], time.monotonic() + timeout
         while True:
             for batch in consumer.poll(timeout_ms=200).values():
-                out.extend((r.key, ev.decode(r.value)) for r in batch)
+                out.extend((r.key, event) for r in batch for event in ev.decode_all(r.value))
             hw = consumer.highwater(tp)
             if len(out) >= at_least and hw is not None and consumer.position(tp) >= hw:
                 return out

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
 from deploy.broker import DevBroker
-from schemas.config import KafkaConfig
+from schemas.config import KafkaConfig, load_config
+from schemas.events import Acked, AckedBatch, decode, decode_all
 from streaming.kafka_out import DeliveriesLog
+from streaming.sink import ACKED_PER_RECORD, CommandSink
 from tests.conftest import kafka_config
 
 
@@ -66,3 +70,26 @@ def test_records_kafka_cannot_take_are_reported_by_their_delivery_timeout():
             assert 1.0 <= time.monotonic() - started <= 10
         finally:
             log.close()
+
+
+def test_the_sinks_acked_records_are_joined_per_partition_in_order(broker, tmp_path):
+    """A batch's ``Acked`` go out as :class:`AckedBatch` records of up to ``ACKED_PER_RECORD``:
+    each account's on its own partition, after anything sent there before, in the order made."""
+    config = load_config(env={}, data_dir=str(tmp_path))
+    config = dataclasses.replace(config, kafka=_config(broker.bootstrap))
+    accounts = ["alice", "bob", "carol", "dave"]
+    acked = [Acked(account, n, "acked" if n % 7 else "expired") for n in range(2 * ACKED_PER_RECORD + 10)
+             for account in accounts]
+    records = pa.table({"key": pa.array([a.account.encode() for a in acked], pa.binary()),
+                        "value": pa.array([a.to_bytes().decode() for a in acked], pa.string())})
+    sink = CommandSink(config)
+    try:
+        sink._flush(sink._emit_acked(records))
+    finally:
+        sink.close()
+    for partition in (0, 1, 2):
+        mine = [a for a in acked if (murmur2(a.account.encode()) & 0x7FFFFFFF) % 3 == partition]
+        joined = -(-len(mine) // ACKED_PER_RECORD)  # records of up to ACKED_PER_RECORD, rounded up
+        read = _read(config.kafka, partition, joined)
+        assert all(type(decode(value)) is AckedBatch for _, value in read)
+        assert [event for _, value in read for event in decode_all(value)] == mine

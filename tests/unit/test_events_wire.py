@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.events import (EVENT_TYPES, Ack, Acked, CreateTopic, Deliver, Nack, NodeReset, Presence, Progress,
-                            Publish, Section, SetServerTimeout, SetTopicKeywords, Subscribe, Sync, Tick,
-                            Unsubscribe, decode)
+from schemas.events import (EVENT_TYPES, Ack, Acked, AckedBatch, CreateTopic, Deliver, Nack, NodeReset, Presence,
+                            Progress, Publish, Section, SetServerTimeout, SetTopicKeywords, Subscribe, Sync, Tick,
+                            Unsubscribe, decode, decode_all)
 
 
 def reference_bytes(event) -> bytes:
@@ -58,6 +58,8 @@ EXAMPLES = [
     NodeReset(0),
     Tick(2 ** 70),
     Acked("bob", 7, "expired"),
+    AckedBatch([{"type": "acked", "account": "bob", "smuid": 7}, {"type": "acked", "account": "j\u00e9", "smuid": 8,
+                                                                 "reason": "expired"}]),
     Progress({"0": 17, "1": 0}),
     Progress({}),
 ]
@@ -156,3 +158,14 @@ def test_decode_reads_bytes_as_json_loads_does(raw):
         except Exception as error:  # noqa: BLE001 - the kind of failure is what is compared
             return type(error)
     assert outcome(decode) == outcome(reference_decode)
+
+
+def test_an_acked_batch_joins_the_jobs_acked_records_and_is_taken_apart_in_order():
+    """The job joins the ``Acked`` JSON Spark wrote; a reader gets the same events back, in order,
+    as if each had been a record of its own."""
+    acked = [Acked("bob", 7), Acked("j\u00e9", 8, "expired"), Acked("bob", 9, "cleared")]
+    raw = AckedBatch.join([event.to_bytes().decode() for event in acked])
+    assert decode_all(raw) == acked
+    assert decode(raw).to_bytes() == raw
+    assert decode_all(Acked("bob", 7).to_bytes()) == [Acked("bob", 7)]
+    assert decode_all(AckedBatch.join([])) == []
