@@ -290,7 +290,8 @@ class LineBuffer:
         self._pos = self._scanned = end + 4
         return lines
 
-    def read_with(self, prefix: bytes, parse: Callable[[bytes | bytearray, int], tuple[_Read, int] | None]) -> _Read | None:
+    def read_with(self, prefix: bytes,
+                  parse: Callable[[bytes | bytearray, int], tuple[_Read, int] | None]) -> _Read | None:
         """What ``parse`` makes of the unread bytes, if they start with ``prefix``: it is given
         the bytes held and the index of the first unread one, and returns what it read and the
         index past it, or None to leave them.  A whole frame is so read where it lies, without

@@ -70,7 +70,8 @@ from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, Subscribe
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import AFTER_HEADER, Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync, decode
+from schemas.events import (AFTER_HEADER, Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync,
+                            decode)
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")

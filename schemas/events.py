@@ -418,8 +418,9 @@ class AckedBatch(_Event):
 
     Why: an ``Acked`` per record made every gateway parse and decode a Kafka record per
     acknowledged delivery (~2.9 µs of its CPU each, against ~0.7 µs taken from a batch: as much
-    as a tenth of what a gateway spends per message), and the job append one per delivery.  ``acked`` holds each ``Acked`` as its own record's
-    JSON object would (``{"type":"acked",...}``), so the job joins the ones it made.
+    as a tenth of what a gateway spends per message), and the job append one per delivery.
+    ``acked`` holds each ``Acked`` as its own record's JSON object would (``{"type":"acked",...}``),
+    so the job joins the ones Spark wrote.
     """
 
     TYPE: ClassVar[str] = "acked_batch"
