@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
-from gateway.protocol import LineBuffer, MessageFramer, Need, parse_header, render_body, render_lines
+from gateway.protocol import (CONTROL_BYTES, DATA_HEADER_STARTS, LineBuffer, MessageFramer, Need, counted_length,
+                              data_header_fields, parse_header, render_body, render_lines, split_header)
 from schemas.events import Headers, Section
 
 ACK = b"310 ACK\r\n\r\n"
@@ -55,15 +56,7 @@ _RESOURCES = {"MESS": "MESSAGE", "SUB": "SUBSCRIBERS", "SUBSCRIBER": "SUBSCRIBER
 #: Abbreviated NOTIFY TOPIC actions → their full names (4.1.11.2).
 TOPIC_ACTIONS = {"ADD": "ADDED", "REN": "RENAME", "DEL": "DELETED", "KEY": "KEYWORDS"}
 
-#: The bytes :func:`gateway.protocol.parse_header` refuses in a line (control bytes but TAB),
-#: CR and LF among them: deleted from a block of lines, they leave it two bytes shorter per CRLF
-#: between its lines when the lines hold none.
-_CONTROL_BYTES = bytes([*range(0x09), *range(0x0a, 0x20), 0x7f])
-
 _NOTIFY_MESSAGE = b"NOTIFY MESSAGE "
-
-#: Header names that start a data header (in lower case), as the framer reads them.
-_DATA_HEADER_NAMES = frozenset({"content-type", "content-length"})
 
 
 class ServerProtocolError(Exception):
@@ -106,6 +99,7 @@ class NotifyFrame:
 
 
 Frame = Union[Greeting, ReplyFrame, Continuation, NotifyFrame]
+
 
 # --------------------------------------------------------------------------
 # Rendering
@@ -269,8 +263,10 @@ def _one_reply(lines: list[bytes]) -> bool:
 
 def _plain_lines(block: bytes | bytearray) -> list[str] | None:
     """``block`` as lines of text, when they are plain: separated by CRLF, with no other CR or
-    LF, no control byte but TAB, valid UTF-8 (as each line then is)."""
-    if len(block) - len(block.translate(None, _CONTROL_BYTES)) != 2 * block.count(b"\r\n"):
+    LF, no control byte but TAB, valid UTF-8 (as each line then is).  CR and LF are among the
+    :data:`~gateway.protocol.CONTROL_BYTES`: deleted from a block of plain lines, those leave it
+    two bytes shorter per CRLF between them, and no shorter."""
+    if len(block) - len(block.translate(None, CONTROL_BYTES)) != 2 * block.count(b"\r\n"):
         return None
     try:
         return block.decode("utf-8").split("\r\n")
@@ -283,26 +279,18 @@ def _plain_headers(lines: list[str]) -> Headers | None:
     :func:`_plain_lines` has already checked for control bytes and UTF-8; None if it refuses one."""
     headers = []
     for line in lines:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or " " in name or "\t" in name:
+        header = split_header(line)
+        if header is None:
             return None
-        headers.append((name, value.strip()))
+        headers.append(header)
     return headers
 
 
 def _plain_length(headers: Headers) -> int | None:
     """A data header's one numeric Content-Length, if it also has a Content-Type (else the
     framer reports the error)."""
-    lengths, typed = [], False
-    for name, value in headers:
-        name = name.lower()
-        if name == "content-length":
-            lengths.append(value)
-        elif name == "content-type":
-            typed = True
-    if not typed or len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
-        return None
-    return int(lengths[0])
+    lengths, typed = data_header_fields(headers)
+    return counted_length(lengths) if typed else None
 
 
 class _PlainNotify:
@@ -339,7 +327,7 @@ class _PlainNotify:
         head_end = data.find(b"\r\n\r\n", pos)
         lines = self._lines(data, pos, head_end)  # the NOTIFY line, then the header lines
         headers = None if lines is None else _plain_headers(lines[1:])
-        if headers is None or not _DATA_HEADER_NAMES.isdisjoint([name.lower() for name, _ in headers]):
+        if headers is None or not DATA_HEADER_STARTS.isdisjoint([name.lower() for name, _ in headers]):
             return None  # (a Content-Type/Length there starts a data header: the framer's leniency)
         sections: list[Section] = []
         count, total, at = len(headers), 0, head_end + 4

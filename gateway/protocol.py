@@ -351,7 +351,8 @@ class LineBuffer:
 #: A control character other than TAB, as a byte: in UTF-8 text these bytes stand only for
 #: themselves (every byte of a multi-byte sequence is >= 0x80), so searching the raw line
 #: finds exactly the characters ``ord(c) < 32 and c != "\t" or c == "\x7f"`` of its text.
-_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+CONTROL_BYTES = bytes([*range(0x09), *range(0x0a, 0x20), 0x7f])
+_CONTROL_BYTE = re.compile(b"[" + re.escape(CONTROL_BYTES) + b"]")
 
 
 def parse_header(line: bytes) -> tuple[str, str] | None:
@@ -362,13 +363,38 @@ def parse_header(line: bytes) -> tuple[str, str] | None:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    return split_header(text)
+
+
+def split_header(text: str) -> tuple[str, str] | None:
+    """:func:`parse_header` of a line already decoded and free of :data:`CONTROL_BYTES`."""
     name, colon, value = text.partition(":")
     if not colon or not name or name != name.strip() or " " in name or "\t" in name:
         return None
     return name, value.strip()
 
 
-_DATA_HEADER_STARTS = frozenset({"content-type", "content-length"})
+#: Header names (lower case) that start a data header, also among a message's headers (leniency).
+DATA_HEADER_STARTS = frozenset({"content-type", "content-length"})
+
+
+def data_header_fields(headers: Headers) -> tuple[list[str], bool]:
+    """A data header's ``Content-Length`` values and whether it has a ``Content-Type``."""
+    lengths, typed = [], False
+    for name, value in headers:
+        name = name.lower()
+        if name == "content-length":
+            lengths.append(value)
+        elif name == "content-type":
+            typed = True
+    return lengths, typed
+
+
+def counted_length(lengths: list[str]) -> int | None:
+    """The byte count of a data header's ``Content-Length`` values: one, all ASCII digits."""
+    if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+        return None
+    return int(lengths[0])
 
 
 class MessageFramer:
@@ -464,7 +490,7 @@ class MessageFramer:
                 return True  # lost sync: the rest, read or not, is discarded up to the "." line
             if self._state is not MessageFramer._step_headers:
                 self._section_headers.append(header)
-            elif header[0].lower() in _DATA_HEADER_STARTS:
+            elif header[0].lower() in DATA_HEADER_STARTS:
                 self._section_headers = [header]
                 self._state = MessageFramer._step_data_headers
             else:
@@ -489,7 +515,7 @@ class MessageFramer:
             header = self._parse_counted(line)
             if header is None:
                 return True
-            if header[0].lower() in _DATA_HEADER_STARTS:
+            if header[0].lower() in DATA_HEADER_STARTS:
                 self._section_headers = [header]
                 self._state = MessageFramer._step_data_headers
                 return True
@@ -535,22 +561,17 @@ class MessageFramer:
 
     def _start_data(self) -> None:
         """The data header is complete: validate it and count the data to come."""
-        lengths, typed = [], False
-        for name, value in self._section_headers:
-            name = name.lower()
-            if name == "content-length":
-                lengths.append(value)
-            elif name == "content-type":
-                typed = True
+        lengths, typed = data_header_fields(self._section_headers)
         if not lengths:
             self._lose_sync(Reply.error(LENGTH_REQUIRED, "Content-Length missing"))
             return
-        if len(lengths) > 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+        length = counted_length(lengths)
+        if length is None:
             self._lose_sync(Reply.error(BAD_REQUEST, "bad Content-Length"))
             return
         if not typed:
             self._keep_error(Reply.error(BAD_REQUEST, "Content-Type missing"))
-        self._remaining = int(lengths[0])
+        self._remaining = length
         self._total += self._remaining
         if self._total > self._max_bytes:
             self._keep_error(Reply.error(ENTITY_TOO_LARGE, f"more than {self._max_bytes} data bytes"))
