@@ -427,7 +427,7 @@ class AckedBatch(_Event):
     acked: list[dict]
 
     def events(self) -> list[Acked]:
-        return [Acked(entry["account"], entry["smuid"], entry.get("reason", "acked")) for entry in self.acked]
+        return [Acked(entry["account"], entry["smuid"], entry.get("reason", Acked.reason)) for entry in self.acked]
 
     @classmethod
     def join(cls, acked: list[str]) -> bytes:

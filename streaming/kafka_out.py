@@ -2,8 +2,9 @@
 
 Why not kafka-python's ``KafkaProducer``: its ``send`` costs ~49 µs of CPU per record (measured on
 this box against the dev broker: 50,000 ``Deliver`` records of 539 bytes, send + flush; this: ~7), and a
-fan-out of 5,000 messages to 10 subscribers makes 50,000 ``Deliver`` and 50,000 ``Acked`` records
-— seconds of the job's CPU on the cores the gateways share.  :class:`gateway.kafka_io.DurableLog`
+fan-out of 5,000 messages to 10 subscribers makes 50,000 ``Deliver`` records (and 50,000 ``Acked``,
+which the sink joins into a few ``AckedBatch`` records) — seconds of the job's CPU on the cores the
+gateways share.  :class:`gateway.kafka_io.DurableLog`
 appends whole record batches of its own encoding (``gateway.kafka_records``), a few µs per record,
 with the same partitioning (murmur2 of the key, as Kafka's default partitioner) and acks=all.
 """
