@@ -620,6 +620,15 @@ def test_live_deliveries_leave_out_the_already_expired(frames):
     assert [r.smuid for r in routing.live(routed, expiring).collect()] == [2]
 
 
+def test_deliveries_acknowledged_in_their_own_batch_need_no_deliver_record(frames):
+    # bob acknowledged message 1 (a gateway routed it early); carol's ACK of 1 and bob's of 3 settle nothing here
+    live = frames.deliveries(delivery("bob", 1, "/t", 1), delivery("bob", 2, "/t", 2), delivery("carol", 2, "/t", 2))
+    acks = frames.of(ACKS, ("bob", 1, ts(3), "g", seq(3)), ("carol", 1, ts(4), "g", seq(4)),
+                     ("bob", 3, ts(5), "g", seq(5)))
+    expected = frames.deliveries(delivery("bob", 2, "/t", 2), delivery("carol", 2, "/t", 2))
+    assert_df_equality(routing.unsettled(live, acks), expected, ignore_row_order=True, ignore_nullable=True)
+
+
 # -- retries
 
 
