@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import itertools
 import logging
 import secrets
@@ -85,6 +86,13 @@ READ_SIZE = 4096
 MAX_UNGUARANTEED = 10_000  # non-guaranteed PUBs awaiting Kafka per gateway; beyond, they are dropped
 MAX_PIPELINED = 1000  # durable appends one connection may have outstanding before we stop reading it
 RENDERED_MEMORY = 4096  # NOTIFY frames kept for the other logins the same message goes to
+#: The gateway process's cyclic garbage collector thresholds (Python's default: 700, 10, 10).  A busy
+#: gateway allocates a few objects per frame and holds a book of pending deliveries that grows with
+#: every backlog; at the default, a full collection walked those ~300k objects 31 times in a short
+#: benchmark (fan-out and drain windows): 3.2 s of the gateway's CPU, 2.5 s of it in full collections
+#: of ~80 ms each, which also stall every connection.  Collecting the young generation every 10,000
+#: allocations instead of 700 lets most of them die first; full collections still come, ~14x rarer.
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 class Connection:
@@ -1137,6 +1145,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = replace(config, gateway=replace(config.gateway, **overrides))
+    gc.set_threshold(*GC_THRESHOLDS)  # here, not in serve: the process's, not an embedding program's
     asyncio.run(serve(config))
 
 
