@@ -7,7 +7,7 @@ together once per micro-batch::
 
     records ──parse_commands──▶ events ──┬─ subscription_intervals(current subscriptions)
                                          │        │
-                                         ├────────┴─ route ──▶ deliveries ──▶ deliver_records
+                                         ├────────┴─ route ──▶ deliveries ──unsettled──▶ deliver_records
                                          ├─ extract_acks ──▶ acks ──▶ acked_records
                                          └─ message_rows ──▶ messages
     intervals ──subscription_state──▶ subscriptions (merge)
