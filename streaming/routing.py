@@ -7,7 +7,7 @@ together once per micro-batch::
 
     records ──parse_commands──▶ events ──┬─ subscription_intervals(current subscriptions)
                                          │        │
-                                         ├────────┴─ route ──▶ deliveries ──unsettled──▶ deliver_records
+                                         ├────────┴─ route ──▶ deliveries ──unacknowledged──▶ deliver_records
                                          ├─ extract_acks ──▶ acks ──▶ acked_records
                                          └─ message_rows ──▶ messages
     intervals ──subscription_state──▶ subscriptions (merge)
@@ -746,13 +746,13 @@ def live(routed: DataFrame, expiring: DataFrame) -> DataFrame:
     return run_sql(live_sql("{routed}", "{expiring}"), {"routed": routed, "expiring": expiring})
 
 
-def unsettled_sql(live: str, acks: str) -> str:
-    """SQL of :func:`unsettled` over the relations ``live`` and ``acks``."""
+def unacknowledged_sql(live: str, acks: str) -> str:
+    """SQL of :func:`unacknowledged` over the relations ``live`` and ``acks``."""
     return f"""SELECT * FROM {live} l
 WHERE NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = l.account AND a.smuid = l.smuid)"""
 
 
-def unsettled(live: DataFrame, acks: DataFrame) -> DataFrame:
+def unacknowledged(live: DataFrame, acks: DataFrame) -> DataFrame:
     """This batch's live deliveries minus those the same batch acknowledges: the ones whose
     ``Deliver`` a gateway still needs.
 
@@ -760,7 +760,7 @@ def unsettled(live: DataFrame, acks: DataFrame) -> DataFrame:
     routing early (the job's deliveries are sent only after its batch): that gateway has the
     delivery, and the ``Acked`` that follows settles it at every other; a ``Deliver`` before it
     would be ~600 B produced, stored and fetched by every gateway only to be skipped."""
-    return run_sql(unsettled_sql("{live}", "{acks}"), {"live": live, "acks": acks})
+    return run_sql(unacknowledged_sql("{live}", "{acks}"), {"live": live, "acks": acks})
 
 
 def _trashed_at(now: int | None) -> str:

@@ -245,7 +245,7 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         "receipt_deliveries": f"SELECT {', '.join(routing.DELIVERIES.fieldNames())} FROM receipt_messages",
         "new_deliveries": ("SELECT * FROM routed UNION ALL SELECT * FROM receipt_deliveries "
                            "UNION ALL SELECT * FROM reassigned"),
-        "out_deliver": routing.deliver_records_sql(f"({routing.unsettled_sql('live', 'acks')} UNION ALL SELECT * "
+        "out_deliver": routing.deliver_records_sql(f"({routing.unacknowledged_sql('live', 'acks')} UNION ALL SELECT * "
                                                    "FROM receipt_deliveries UNION ALL SELECT * FROM reassigned)"),
         "out_messages": ("SELECT * FROM new_messages UNION ALL "
                          + routing.receipt_message_rows_sql("receipt_messages", batch_id)),

@@ -626,7 +626,7 @@ def test_deliveries_acknowledged_in_their_own_batch_need_no_deliver_record(frame
     acks = frames.of(ACKS, ("bob", 1, ts(3), "g", seq(3)), ("carol", 1, ts(4), "g", seq(4)),
                      ("bob", 3, ts(5), "g", seq(5)))
     expected = frames.deliveries(delivery("bob", 2, "/t", 2), delivery("carol", 2, "/t", 2))
-    assert_df_equality(routing.unsettled(live, acks), expected, ignore_row_order=True, ignore_nullable=True)
+    assert_df_equality(routing.unacknowledged(live, acks), expected, ignore_row_order=True, ignore_nullable=True)
 
 
 # -- retries

@@ -44,7 +44,7 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
     messages = routing.message_rows(events, 7)
     expected = {
         "progress": spark.createDataFrame([(0, 10 + len(rows), len(rows))], OUTPUTS["progress"]),
-        "deliver": routing.deliver_records(routing.unsettled(live, acks)),
+        "deliver": routing.deliver_records(routing.unacknowledged(live, acks)),
         "acked": routing.acked_records(routing.settled(acks, live)),
         "expired": routing.expired_records(expiring, retried, released),
         "messages": messages,
