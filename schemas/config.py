@@ -110,6 +110,13 @@ class StreamingConfig:
     trigger_interval: str = "0 seconds"
     max_records_per_batch: int = 20000
     poll_timeout_ms: int = 50
+    # a batch that finds commands goes on reading while they keep coming (none for busy_gap_ms ends a
+    # burst), up to this long: the gateways NOTIFY DELIVERY ALL messages without the job, so a burst gets
+    # the host's cores, and the job routes it afterwards in one batch, paying a batch's fixed cost
+    # (planning, Delta commits) once.  What waits on the job (DELIVERY ONE, receipts, expiry, Delta)
+    # lags by as much under steady traffic, and by busy_gap_ms at least; 0 = never (python source only)
+    defer_while_busy_s: float = 3.0
+    busy_gap_ms: int = 200
     query_name: str = "smqp-router"
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
     trash_retention: str = "07:00:00:00"  # how long the Trash keeps a message (spec timeout format); INFINITE = forever

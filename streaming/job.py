@@ -55,6 +55,8 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
         "topic": kafka.commands_topic,
         "maxRecordsPerBatch": str(streaming.max_records_per_batch),
         "pollTimeoutMs": str(streaming.poll_timeout_ms),
+        "deferWhileBusyMs": str(round(streaming.defer_while_busy_s * 1000)),
+        "busyGapMs": str(streaming.busy_gap_ms),
     }
     if kafka.ack_partition_index is not None:
         options["ackPartition"] = str(kafka.ack_partition_index)

@@ -17,9 +17,11 @@ KAFKA = {"bootstrap": "k1:9092,k2:9092", "commands_topic": "prod.commands"}
 
 
 def test_the_default_source_is_ours_over_kafka_python():
-    config = load_config(env={}, kafka=KAFKA, streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20})
+    config = load_config(env={}, kafka=KAFKA, streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20,
+                                                         "defer_while_busy_s": 1.5})
     assert source_options(config) == ("smqp_kafka", {
         "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000", "pollTimeoutMs": "20",
+        "deferWhileBusyMs": "1500", "busyGapMs": "200",
         "ackPartition": "1"})  # the ACKs' own partition, after the one commands partition
 
 

@@ -239,7 +239,7 @@ def test_dashboard_in_chromium_shows_the_tables_figures(broker, spark, tmp_path)
         assert number(row["batch_duration_ms"]) == recorded["batch_duration_ms"]
         assert number(row["processed_rows_per_second"]) == pytest.approx(recorded["processed_rows_per_second"],
                                                                         abs=0.051)
-    assert len(batches) >= 2 and sum(b["num_input_rows"] for b in batches) >= 8 + 4  # the PUBs and ACKs
+    assert sum(b["num_input_rows"] for b in batches) >= 8 + 4  # the PUBs and ACKs (one batch may read them all)
 
     # the gateway's counters
     assert figures["in-flight"] == "1"  # bob's fifth NOTIFY

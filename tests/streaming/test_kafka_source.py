@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 import uuid
 
@@ -178,6 +179,63 @@ def test_the_readers_fetch_wait_grows_while_the_broker_answers_empty_and_returns
         reader.read(end)  # nothing new: idle
         assert fetcher["fetch_max_wait_ms"] == 20
     finally:
+        reader.stop()
+
+
+def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wait(broker):
+    """``deferWhileBusyMs``: a read that finds records polls again every ``busyGapMs`` while more
+    come, and returns them all once a gap comes, or once it has read that long."""
+    topic = new_topic(broker)
+    reader = KafkaStreamReader(broker.bootstrap, topic, defer_while_busy_ms=1500, busy_gap_ms=300)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    stop, sent = threading.Event(), []
+
+    def burst() -> None:  # a record every 50 ms, never a 300 ms gap
+        while not stop.is_set():
+            value = f"b{len(sent)}".encode()
+            producer.send(topic, value=value, partition=len(sent) % 2).get(timeout=30)
+            sent.append(value)
+            time.sleep(0.05)
+
+    try:
+        begin = reader.initialOffset()
+        producer.send(topic, value=b"lone", partition=0).get(timeout=30)
+        started = time.monotonic()
+        batches, begin = reader.read(begin)
+        assert values(batches) == [b"lone"]
+        assert 0.3 <= time.monotonic() - started < 1.4  # one gap with nothing new, not the longest wait
+
+        sender = threading.Thread(target=burst)
+        sender.start()
+        while not sent:
+            time.sleep(0.01)
+        started = time.monotonic()
+        batches, end = reader.read(begin)
+        took = time.monotonic() - started
+        stop.set()
+        sender.join(10)
+        seen = values(batches)
+        assert 1.4 < took < 3, took  # the longest wait: the burst never paused
+        assert len(seen) > 20 and len(set(seen)) == len(seen) and set(seen) <= set(sent)  # many polls' worth
+        batches, _ = reader.read(end)
+        assert sorted(seen + values(batches)) == sorted(sent)  # the rest of it, once, in the next read
+    finally:
+        stop.set()
+        producer.close(timeout=10)
+        reader.stop()
+
+
+def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
+    topic = new_topic(broker)
+    reader = KafkaStreamReader(broker.bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    try:
+        begin = reader.initialOffset()
+        producer.send(topic, value=b"now", partition=1).get(timeout=30)
+        batches, _ = reader.read(begin)
+        assert values(batches) == [b"now"]
+    finally:
+        producer.close(timeout=10)
         reader.stop()
 
 
