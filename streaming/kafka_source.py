@@ -274,7 +274,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
     def _poll(self, consumer, partitions: list[int], limit: int, begin: dict[int, int],
               kept: list | None = None, held: int | None = None) -> tuple[list, int | None]:
-        """The records this batch reads, and the offset of the first ACK it must leave (or None).
+        """The records this batch reads, and the offset of the first ACK it must leave (or None);
+        ``kept`` and ``held``: what this read's earlier polls found, to go on from.
 
         Polls again, up to ``catchUpTimeoutMs``, while the broker holds more and there is nothing
         to read, or a partition behind has given nothing yet (the dev broker may answer one
