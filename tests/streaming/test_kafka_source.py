@@ -227,13 +227,15 @@ def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wa
 
 def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
     topic = new_topic(broker)
-    reader = KafkaStreamReader(broker.bootstrap, topic)
+    reader = KafkaStreamReader(broker.bootstrap, topic, busy_gap_ms=5000)  # deferWhileBusyMs: 0 by default
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
     try:
         begin = reader.initialOffset()
         producer.send(topic, value=b"now", partition=1).get(timeout=30)
+        started = time.monotonic()
         batches, _ = reader.read(begin)
         assert values(batches) == [b"now"]
+        assert time.monotonic() - started < 4  # no wait for a 5 s gap, as a deferring read would
     finally:
         producer.close(timeout=10)
         reader.stop()
