@@ -108,7 +108,9 @@ class StreamingConfig:
     master: str = "local[2]"
     shuffle_partitions: int = 1
     trigger_interval: str = "0 seconds"
-    max_records_per_batch: int = 20000
+    # a burst the deferral waits out fits in one batch (≈ 3 s of this host's top rate of commands): a
+    # full batch starts at once, and at 20,000 a fan-out's first batch ran while its NOTIFYs were going out
+    max_records_per_batch: int = 100_000
     poll_timeout_ms: int = 50
     # a batch that finds commands goes on reading while they keep coming (none for busy_gap_ms ends a
     # burst), up to this long: the gateways NOTIFY DELIVERY ALL messages without the job, so a burst gets

@@ -37,7 +37,7 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   second or so.
 
 Options: ``bootstrap`` (required), ``topic`` (required),
-``maxRecordsPerBatch`` (20000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
+``maxRecordsPerBatch`` (100000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
 (2000: how long a read keeps polling while the broker is known to hold more
 data than it has returned), ``replayTimeoutMs`` (60000), ``metadataTimeoutMs``
 (10000: how long to wait for the topic to exist), ``ackPartition`` (none),
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 Offsets = dict[str, int]
 
-#: The most one fetch brings back of a partition: a batch's worth of records (20,000 of ~600 bytes).
+#: The most one fetch brings back of a partition: 20,000 records of ~600 bytes (a batch takes more fetches).
 MAX_PARTITION_FETCH_BYTES = 16 << 20
 
 
@@ -88,7 +88,7 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(
             bootstrap=options["bootstrap"],
             topic=options["topic"],
-            max_records=int(options.get("maxrecordsperbatch", 20000)),
+            max_records=int(options.get("maxrecordsperbatch", 100_000)),
             poll_timeout_ms=int(options.get("polltimeoutms", 50)),
             catch_up_timeout_ms=int(options.get("catchuptimeoutms", 2000)),
             replay_timeout_ms=int(options.get("replaytimeoutms", 60000)),
@@ -116,7 +116,7 @@ def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
 class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver-side reader keeping one kafka-python consumer across micro-batches."""
 
-    def __init__(self, bootstrap: str, topic: str, max_records: int = 20000, poll_timeout_ms: int = 50,
+    def __init__(self, bootstrap: str, topic: str, max_records: int = 100_000, poll_timeout_ms: int = 50,
                  catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
                  metadata_timeout_ms: int = 10000, ack_partition: int | None = None,
                  defer_while_busy_ms: int = 0, busy_gap_ms: int = 200):

@@ -13,7 +13,9 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD
-from streaming.kafka_source import KafkaSourceError, KafkaStreamReader
+from schemas.config import load_config
+from streaming.job import source_options
+from streaming.kafka_source import KafkaDataSource, KafkaSourceError, KafkaStreamReader
 
 pytestmark = pytest.mark.e2e
 
@@ -236,6 +238,31 @@ def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
         batches, _ = reader.read(begin)
         assert values(batches) == [b"now"]
         assert time.monotonic() - started < 4  # no wait for a 5 s gap, as a deferring read would
+    finally:
+        producer.close(timeout=10)
+        reader.stop()
+
+
+def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_limit(broker):
+    """As the job configures it by default (``source_options``), a reader that finds a burst of
+    30,000 commands returns all of them in one read: a limit of 20,000 started a fan-out's first
+    batch while its NOTIFYs were going out, on the cores they needed."""
+    topic = new_topic(broker)
+    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic})
+    _, options = source_options(config)
+    reader = KafkaDataSource(options).simpleStreamReader(KAFKA_RECORD)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
+    try:
+        begin = reader.initialOffset()
+        producer.send(topic, value=b"0", partition=0).get(timeout=30)
+        sender = threading.Thread(target=lambda: [producer.send(topic, value=str(i).encode(), partition=i % 2)
+                                                  for i in range(1, 30000)])
+        sender.start()
+        batches, end = reader.read(begin)
+        sender.join(30)
+        producer.flush(timeout=30)
+        assert sum(batch.num_rows for batch in batches) == 30000
+        assert sum(end.values()) == 30000
     finally:
         producer.close(timeout=10)
         reader.stop()
