@@ -14,8 +14,9 @@ the same records framed here; the gateway spent 410-440 µs per publish).
 partition, with one produce request in flight per partition: what is appended
 while a request is out goes in the next one.  Appends no client waits on alone
 (pipelined PUBs, ACKs within a NOTIFY window) may wait ``linger_ms`` (Kafka's
-producer setting) for others to share their request; any other append sends
-it at once, lingering ones included (see :meth:`DurableLog._linger` for why).
+producer setting) for others to share their request, until ``batch_bytes``
+(Kafka's ``batch.size``) are waiting; any other append sends it at once,
+lingering ones included (see :meth:`DurableLog._linger` for why).
 Order within a partition holds, retries included.  An append completes once Kafka
 acknowledged it (acks=all), or fails once ``delivery_timeout_ms`` has passed
 without that (the client then gets 503).
@@ -338,11 +339,12 @@ class _Lane:
     """One partition's records waiting to be appended, whether a request of it is out, and when
     the next request is due (the earliest any waiting record may leave)."""
 
-    __slots__ = ("partition", "waiting", "busy", "due", "wake")
+    __slots__ = ("partition", "waiting", "waiting_bytes", "busy", "due", "wake")
 
     def __init__(self, partition: int):
         self.partition = partition
         self.waiting: deque[_Record] = deque()
+        self.waiting_bytes = 0  # of the records in ``waiting`` (:func:`_size`)
         self.busy = False
         self.due = float("inf")
         self.wake: asyncio.Future | None = None  # set while the lane lingers: resolving it sends now
@@ -398,8 +400,10 @@ class DurableLog:
             future.set_exception(Errors.UnknownTopicOrPartitionError(f"{self._topic} has no partition {partition}"))
             return future
         now = time.monotonic()
-        lane.waiting.append(_Record(key, value, future, now + self._config.delivery_timeout_ms / 1000, headers or []))
-        due = now + self._config.linger_ms / 1000 if linger else now
+        record = _Record(key, value, future, now + self._config.delivery_timeout_ms / 1000, headers or [])
+        lane.waiting.append(record)
+        lane.waiting_bytes += _size(record)
+        due = now + self._config.linger_ms / 1000 if linger and lane.waiting_bytes < self._config.batch_bytes else now
         if due < lane.due:
             lane.due = due
             if lane.wake is not None and not lane.wake.done():
@@ -445,6 +449,7 @@ class DurableLog:
                         _settle(record.future, error)
                     continue
                 lane.waiting.extendleft(reversed(batch))  # again, first, in order, after the backoff
+                lane.waiting_bytes += sum(map(_size, batch))
                 lane.due = 0.0
                 if isinstance(error, Errors.InvalidMetadataError):
                     with contextlib.suppress(Errors.KafkaError):
@@ -462,7 +467,8 @@ class DurableLog:
         answer each fetch, so its CPU per fetch grew through a run (measured in the README's
         "Benchmark"); fewer, fuller batches also cost Apache Kafka less per record.  Only
         ``linger`` appends wait: a lone PUB or a window-1 ACK, whose client waits on its reply,
-        is sent at once."""
+        is sent at once, and so is a lane once ``batch_bytes`` wait: a publisher that keeps a
+        window of PUBs in flight gets its replies a request sooner, not a linger later."""
         wait = lane.due - time.monotonic()
         if wait <= 0:
             return
@@ -480,6 +486,7 @@ class DurableLog:
         now, size, batch = time.monotonic(), 0, []
         while lane.waiting and (not batch or size + len(lane.waiting[0].value) <= MAX_BATCH_BYTES):
             record = lane.waiting.popleft()
+            lane.waiting_bytes -= _size(record)
             if record.future.done():
                 continue
             if record.deadline <= now:
@@ -487,7 +494,7 @@ class DurableLog:
                     f"not acknowledged by Kafka within {self._config.delivery_timeout_ms} ms"))
                 continue
             batch.append(record)
-            size += len(record.value) + len(record.key or b"")
+            size += _size(record)
         lane.due = now if lane.waiting else float("inf")  # what a full request left behind goes next, at once
         return batch
 
@@ -524,6 +531,12 @@ class DurableLog:
             for record in lane.waiting:
                 _settle(record.future, KafkaUnavailable("the gateway stopped before Kafka took it"))
             lane.waiting.clear()
+            lane.waiting_bytes = 0
+
+
+def _size(record: _Record) -> int:
+    """What a record weighs against a request's limits: its value and key."""
+    return len(record.value) + len(record.key or b"")
 
 
 def _settle(future: asyncio.Future, error: Exception) -> None:

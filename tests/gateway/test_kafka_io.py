@@ -110,6 +110,15 @@ def test_an_append_that_may_not_linger_goes_at_once_and_takes_the_lingering_ones
     assert batches == [[b"record 0"], [b"record 1"], [b"record 2"]]
 
 
+def test_lingering_appends_leave_once_batch_bytes_wait_not_a_linger_later(broker):
+    """Kafka's ``batch.size``: a publisher keeping a window of PUBs in flight fills a request
+    before the linger ends; waiting it out would add the linger to every round trip."""
+    record = len(b"record 0")
+    batches, seconds = _appending_apart(broker, [True] * 4, linger_ms=10000, batch_bytes=2 * record)
+    assert batches == [[b"record 0", b"record 1"], [b"record 2", b"record 3"]]
+    assert seconds < 5  # not held for the 10 s linger
+
+
 def test_keyed_appends_land_on_the_partition_kafkas_default_partitioner_picks(broker):
     """Same key, same partition (what orders a topic's publishes and an account's ACKs), as Kafka's
     Java client and kafka-python place them (murmur2)."""
