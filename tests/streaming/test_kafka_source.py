@@ -11,9 +11,9 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from schemas.config import load_config
 from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD
-from schemas.config import load_config
 from streaming.job import source_options
 from streaming.kafka_source import KafkaDataSource, KafkaSourceError, KafkaStreamReader
 
