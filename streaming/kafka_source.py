@@ -239,10 +239,13 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         limit = self.max_records
         if self._target is not None:
             limit = min(limit, sum(max(0, self._target.get(p, 0) - begin[p]) for p in partitions))
-        kept, held = self._poll(consumer, partitions, limit, begin) if limit > 0 else ([], None)
-        kept, held = self._while_busy(consumer, partitions, limit, begin, kept, held)
-        if held is not None:  # read again from there by a later batch
-            consumer.seek(self._tp(self.ack_partition), held)
+        reading = _Reading(self.ack_partition, begin.get(0, 0))
+        if limit > 0:
+            self._poll(consumer, partitions, limit, reading)
+            self._while_busy(consumer, partitions, limit, reading)
+        kept = reading.kept
+        if reading.held is not None:  # read again from there by a later batch
+            consumer.seek(self._tp(self.ack_partition), reading.held)
         end = dict(begin)
         for record in kept:
             end[record.partition] = max(end[record.partition], record.offset + 1)
@@ -253,29 +256,25 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             return iter([]), offsets
         return iter([_records_to_batch(kept, _ARROW_SCHEMA)]), offsets
 
-    def _while_busy(self, consumer, partitions: list[int], limit: int, begin: dict[int, int],
-                    kept: list, held: int | None) -> tuple[list, int | None]:
-        """``kept`` and what follows it while commands keep coming (``deferWhileBusyMs``).
+    def _while_busy(self, consumer, partitions: list[int], limit: int, reading: _Reading) -> None:
+        """Go on adding to ``reading`` while commands keep coming (``deferWhileBusyMs``).
 
         A read that found commands polls again every ``busyGapMs``, keeping what it gets, until a
         poll brings nothing new (the burst is over), the batch is full, or ``deferWhileBusyMs``
         has passed.  One poll per gap, not one per call of Spark's: the dev broker walks the
         partition for every fetch (a ListOffsets probe at each call doubled its CPU at idle)."""
-        if not kept or self.defer_while_busy_ms <= 0 or self._target is not None:
-            return kept, held
+        if not reading.kept or self.defer_while_busy_ms <= 0 or self._target is not None:
+            return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
-        while len(kept) < limit and (left := deadline - time.monotonic()) > 0:
+        while len(reading.kept) < limit and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.busy_gap_ms / 1000, left))
-            before = len(kept)
-            kept, held = self._poll(consumer, partitions, limit, begin, kept, held)
-            if len(kept) == before:
+            before = len(reading.kept)
+            self._poll(consumer, partitions, limit, reading)
+            if len(reading.kept) == before:
                 break
-        return kept, held
 
-    def _poll(self, consumer, partitions: list[int], limit: int, begin: dict[int, int],
-              kept: list | None = None, held: int | None = None) -> tuple[list, int | None]:
-        """The records this batch reads, and the offset of the first ACK it must leave (or None);
-        ``kept`` and ``held``: what this read's earlier polls found, to go on from.
+    def _poll(self, consumer, partitions: list[int], limit: int, reading: _Reading) -> None:
+        """Add to ``reading`` the records this batch reads (:meth:`_Reading.add`).
 
         Polls again, up to ``catchUpTimeoutMs``, while the broker holds more and there is nothing
         to read, or a partition behind has given nothing yet (the dev broker may answer one
@@ -284,40 +283,21 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         ``pause``: a partition paused with records buffered, sought and resumed was not fetched
         again by kafka-python while another partition kept it busy."""
         deadline = time.monotonic() + self.catch_up_timeout_ms / 1000
-        kept = [] if kept is None else kept
         answered: set[int] = set()
         while True:
-            polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit - len(kept))
+            polled = consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit - len(reading.kept))
             answered.update(tp.partition for tp, batch in polled.items() if batch)
             behind = [p for p in partitions if self._behind(consumer, [p])]
             starved = [p for p in behind if p not in answered]
             self._pace(consumer, bool(polled) and not starved, bool(behind))
-            kept.extend(r for batch in polled.values() for r in batch
-                        if (self._target is None or r.offset < self._target.get(r.partition, 0))
-                        and (held is None or r.partition != self.ack_partition))  # read again from held
-            kept, first_held = self._readable(kept, begin)
-            held = first_held if held is None else held
-            if held is not None:  # reading the ACKs further gains nothing until partition 0 moves
+            reading.add([r for batch in polled.values() for r in batch
+                         if self._target is None or r.offset < self._target.get(r.partition, 0)])
+            if reading.held is not None:  # reading the ACKs further gains nothing until partition 0 moves
                 more = [p for p in behind if p != self.ack_partition]
             else:
-                more = starved if kept else behind
-            if not more or time.monotonic() > deadline or len(kept) >= limit:
-                return kept, held
-
-    def _readable(self, records: list, begin: dict[int, int]) -> tuple[list, int | None]:
-        """``records`` without the ACKs a batch that reads them may not read yet (their publish may lie
-        beyond its partition-0 end) and every ACK after the first of those, and that first one's
-        offset (the ACKs' partition is read again from there)."""
-        if self.ack_partition is None:
-            return records, None
-        zero_end = max((r.offset + 1 for r in records if r.partition == 0), default=begin.get(0, 0))
-        kept, held = [], None
-        for record in records:  # each partition's in offset order
-            if record.partition == self.ack_partition and (held is not None or _after(record) > zero_end):
-                held = record.offset if held is None else held
-                continue
-            kept.append(record)
-        return kept, held
+                more = starved if reading.kept else behind
+            if not more or time.monotonic() > deadline or len(reading.kept) >= limit:
+                return
 
     def _pace(self, consumer, got_records: bool, behind: bool) -> None:
         """Lengthen the consumer's fetch wait while the broker answers empty for lack of time (the
@@ -387,6 +367,40 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+class _Reading:
+    """What one read keeps: its records, the offset of the first ACK it must leave (None while it
+    leaves none; the ACKs' partition is read again from there), and where its partition-0 records
+    end (an ACK whose publish may lie beyond that is left, and every ACK after it)."""
+
+    __slots__ = ("ack_partition", "kept", "held", "zero_end")
+
+    def __init__(self, ack_partition: int | None, zero_begin: int):
+        self.ack_partition = ack_partition
+        self.kept: list = []
+        self.held: int | None = None
+        self.zero_end = zero_begin
+
+    def add(self, records: list) -> None:
+        """Keep ``records`` (each partition's in offset order, following what was kept before) but the
+        ACKs a batch that reads them may not read yet.  Only these are vetted: partition 0's end only
+        grows, so what was kept before stays readable (a poll of a burst's read re-vetting all of it
+        made the read quadratic)."""
+        if self.ack_partition is None:
+            self.kept.extend(records)
+            return
+        for record in records:
+            if record.partition == 0:
+                self.zero_end = max(self.zero_end, record.offset + 1)
+        for record in records:
+            if record.partition == self.ack_partition:
+                if self.held is not None:
+                    continue
+                if _after(record) > self.zero_end:
+                    self.held = record.offset
+                    continue
+            self.kept.append(record)
 
 
 def _after(record) -> int:

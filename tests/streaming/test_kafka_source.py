@@ -184,6 +184,16 @@ def test_the_readers_fetch_wait_grows_while_the_broker_answers_empty_and_returns
         reader.stop()
 
 
+def read_after_sending(reader, producer, topic: str, value: bytes, partition: int):
+    """Appends ``value`` to an empty ``topic``, then reads it from the start: the values read, the
+    end offsets, and the seconds the read took."""
+    begin = reader.initialOffset()
+    producer.send(topic, value=value, partition=partition).get(timeout=30)
+    started = time.monotonic()
+    batches, end = reader.read(begin)
+    return values(batches), end, time.monotonic() - started
+
+
 def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wait(broker):
     """``deferWhileBusyMs``: a read that finds records polls again every ``busyGapMs`` while more
     come, and returns them all once a gap comes, or once it has read that long."""
@@ -200,12 +210,9 @@ def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wa
             time.sleep(0.05)
 
     try:
-        begin = reader.initialOffset()
-        producer.send(topic, value=b"lone", partition=0).get(timeout=30)
-        started = time.monotonic()
-        batches, begin = reader.read(begin)
-        assert values(batches) == [b"lone"]
-        assert 0.3 <= time.monotonic() - started < 1.4  # one gap with nothing new, not the longest wait
+        seen, begin, took = read_after_sending(reader, producer, topic, b"lone", partition=0)
+        assert seen == [b"lone"]
+        assert 0.3 <= took < 1.4  # one gap with nothing new, not the longest wait
 
         sender = threading.Thread(target=burst)
         sender.start()
@@ -232,12 +239,9 @@ def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
     reader = KafkaStreamReader(broker.bootstrap, topic, busy_gap_ms=5000)  # deferWhileBusyMs: 0 by default
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
     try:
-        begin = reader.initialOffset()
-        producer.send(topic, value=b"now", partition=1).get(timeout=30)
-        started = time.monotonic()
-        batches, _ = reader.read(begin)
-        assert values(batches) == [b"now"]
-        assert time.monotonic() - started < 4  # no wait for a 5 s gap, as a deferring read would
+        seen, _, took = read_after_sending(reader, producer, topic, b"now", partition=1)
+        assert seen == [b"now"]
+        assert took < 4  # no wait for a 5 s gap, as a deferring read would
     finally:
         producer.close(timeout=10)
         reader.stop()
