@@ -376,6 +376,16 @@ class Tick(_Event):
     TYPE: ClassVar[str] = "tick"
     at: int  # microseconds since the epoch, the job's clock
 
+    @classmethod
+    def encodes(cls, value: bytes | None) -> bool:
+        """Whether a commands record's ``value`` is a tick, told without decoding it (the encoding
+        opens with the type): the job's reader must not take its own clock for traffic."""
+        return value is not None and value.startswith(_TICK_HEAD)
+
+
+#: How every encoded :class:`Tick` begins (``{"type":"tick"``).
+_TICK_HEAD = _layout(Tick)[0].encode()
+
 
 @dataclass
 class Deliver(_Event):

@@ -29,7 +29,7 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   batch otherwise — an ACK never reaches the job before its publish.
 
 - ``deferWhileBusyMs``: a read that finds commands goes on reading while they
-  keep coming (a poll every ``busyGapMs`` brings more), up to that long, so a
+  keep coming (a poll every ``busyGapMs`` brings more; ticks do not count), up to that long, so a
   batch starts once the burst is over (:meth:`KafkaStreamReader._while_busy`).
   The gateways NOTIFY DELIVERY ALL messages without the job, so a burst's
   deliveries get the host's cores; the job then routes the burst in one batch,
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import islice
 from typing import Iterator
 
 import pyarrow as pa
@@ -55,7 +56,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from schemas.events import AFTER_HEADER
+from schemas.events import AFTER_HEADER, Tick
 from schemas.spark import KAFKA_RECORD, arrow_schema
 
 log = logging.getLogger(__name__)
@@ -261,16 +262,17 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
         A read that found commands polls again every ``busyGapMs``, keeping what it gets, until a
         poll brings nothing new (the burst is over), the batch is full, or ``deferWhileBusyMs``
-        has passed.  One poll per gap, not one per call of Spark's: the dev broker walks the
+        has passed.  Ticks are not traffic: a tick interval under ``busyGapMs`` would otherwise
+        defer every batch, and the expiry the ticks drive with it.  One poll per gap, not one per call of Spark's: the dev broker walks the
         partition for every fetch (a ListOffsets probe at each call doubled its CPU at idle)."""
-        if not reading.kept or self.defer_while_busy_ms <= 0 or self._target is not None:
+        if not _any_command(reading.kept) or self.defer_while_busy_ms <= 0 or self._target is not None:
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
         while len(reading.kept) < limit and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.busy_gap_ms / 1000, left))
             before = len(reading.kept)
             self._poll(consumer, partitions, limit, reading)
-            if len(reading.kept) == before:
+            if not _any_command(islice(reading.kept, before, None)):
                 break
 
     def _poll(self, consumer, partitions: list[int], limit: int, reading: _Reading) -> None:
@@ -401,6 +403,11 @@ class _Reading:
                     self.held = record.offset
                     continue
             self.kept.append(record)
+
+
+def _any_command(records) -> bool:
+    """Whether ``records`` hold anything but the job's own :class:`~schemas.events.Tick`."""
+    return any(not Tick.encodes(record.value) for record in records)
 
 
 def _after(record) -> int:

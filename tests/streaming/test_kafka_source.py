@@ -11,6 +11,7 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from schemas import events as ev
 from schemas.config import load_config
 from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD
@@ -230,6 +231,33 @@ def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wa
         assert sorted(seen + values(batches)) == sorted(sent)  # the rest of it, once, in the next read
     finally:
         stop.set()
+        producer.close(timeout=10)
+        reader.stop()
+
+
+def test_the_jobs_own_ticks_do_not_keep_a_read_going(broker):
+    """Ticks are not traffic: with a tick every 50 ms, under ``busyGapMs``, a read that found a
+    command still stops at the first gap without one, instead of deferring its batch, and the
+    expiry the ticks drive, to the longest wait."""
+    topic = new_topic(broker)
+    reader = KafkaStreamReader(broker.bootstrap, topic, defer_while_busy_ms=1500, busy_gap_ms=300)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            producer.send(topic, value=ev.Tick(time.time_ns() // 1000).to_bytes(), partition=0).get(timeout=30)
+            time.sleep(0.05)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        seen, _, took = read_after_sending(reader, producer, topic, b"lone", partition=1)
+        assert b"lone" in seen and len(seen) > 1  # the command and the ticks so far
+        assert 0.3 <= took < 1.4, took  # one gap with no command, not the longest wait
+    finally:
+        stop.set()
+        ticker.join(10)
         producer.close(timeout=10)
         reader.stop()
 

@@ -169,3 +169,10 @@ def test_an_acked_batch_joins_the_jobs_acked_records_and_is_taken_apart_in_order
     assert decode(raw).to_bytes() == raw
     assert decode_all(Acked("bob", 7).to_bytes()) == [Acked("bob", 7)]
     assert decode_all(AckedBatch.join([])) == []
+
+
+def test_a_tick_is_told_from_its_bytes_and_nothing_else_is_taken_for_one():
+    """The job's reader tells its own clock from traffic by the bytes alone (``Tick.encodes``)."""
+    assert Tick.encodes(Tick(2 ** 70).to_bytes()) and Tick.encodes(Tick(0).to_bytes())
+    others = [event.to_bytes() for event in EXAMPLES if not isinstance(event, Tick)]
+    assert not any(Tick.encodes(value) for value in others + [None, b"", b"tick", b'{"type":"ticks","at":1}'])
