@@ -56,6 +56,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from schemas.config import StreamingConfig
 from schemas.events import AFTER_HEADER, Tick
 from schemas.spark import KAFKA_RECORD, arrow_schema
 
@@ -86,18 +87,16 @@ class KafkaDataSource(DataSource):
         missing = [name for name in ("bootstrap", "topic") if not options.get(name)]
         if missing:
             raise KafkaSourceError(f"smqp_kafka needs option(s) {missing}")
-        return KafkaStreamReader(
-            bootstrap=options["bootstrap"],
-            topic=options["topic"],
-            max_records=int(options.get("maxrecordsperbatch", 100_000)),
-            poll_timeout_ms=int(options.get("polltimeoutms", 50)),
-            catch_up_timeout_ms=int(options.get("catchuptimeoutms", 2000)),
-            replay_timeout_ms=int(options.get("replaytimeoutms", 60000)),
-            metadata_timeout_ms=int(options.get("metadatatimeoutms", 10000)),
-            ack_partition=int(options["ackpartition"]) if options.get("ackpartition") else None,
-            defer_while_busy_ms=int(options.get("deferwhilebusyms", 0)),
-            busy_gap_ms=int(options.get("busygapms", 200)),
-        )
+        given = {name: int(options[option]) for option, name in _NUMERIC_OPTIONS.items() if options.get(option)}
+        return KafkaStreamReader(bootstrap=options["bootstrap"], topic=options["topic"], **given)
+
+
+#: The numeric options (lower-cased) and the reader's parameters they set; one not given keeps the
+#: parameter's default, so the defaults are written once, in :class:`KafkaStreamReader`.
+_NUMERIC_OPTIONS = {"maxrecordsperbatch": "max_records", "polltimeoutms": "poll_timeout_ms",
+                    "catchuptimeoutms": "catch_up_timeout_ms", "replaytimeoutms": "replay_timeout_ms",
+                    "metadatatimeoutms": "metadata_timeout_ms", "ackpartition": "ack_partition",
+                    "deferwhilebusyms": "defer_while_busy_ms", "busygapms": "busy_gap_ms"}
 
 
 def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
@@ -117,10 +116,11 @@ def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
 class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver-side reader keeping one kafka-python consumer across micro-batches."""
 
-    def __init__(self, bootstrap: str, topic: str, max_records: int = 100_000, poll_timeout_ms: int = 50,
+    def __init__(self, bootstrap: str, topic: str, max_records: int = StreamingConfig.max_records_per_batch,
+                 poll_timeout_ms: int = StreamingConfig.poll_timeout_ms,
                  catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
                  metadata_timeout_ms: int = 10000, ack_partition: int | None = None,
-                 defer_while_busy_ms: int = 0, busy_gap_ms: int = 200):
+                 defer_while_busy_ms: int = 0, busy_gap_ms: int = StreamingConfig.busy_gap_ms):
         self.bootstrap = bootstrap
         self.topic = topic
         self.max_records = max_records
