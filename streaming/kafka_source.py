@@ -29,8 +29,8 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   batch otherwise — an ACK never reaches the job before its publish.
 
 - ``deferWhileBusyMs``: a read that finds commands goes on reading while they
-  keep coming (a poll every ``busyGapMs`` brings more; ticks do not count), up to that long, so a
-  batch starts once the burst is over (:meth:`KafkaStreamReader._while_busy`).
+  keep coming (a poll every ``busyGapMs`` brings more; ticks do not count), up
+  to that long, so a batch starts once the burst is over (:meth:`KafkaStreamReader._while_busy`).
   The gateways NOTIFY DELIVERY ALL messages without the job, so a burst's
   deliveries get the host's cores; the job then routes the burst in one batch,
   whose fixed cost (planning, Delta commits) is paid once instead of every
@@ -263,8 +263,9 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         A read that found commands polls again every ``busyGapMs``, keeping what it gets, until a
         poll brings nothing new (the burst is over), the batch is full, or ``deferWhileBusyMs``
         has passed.  Ticks are not traffic: a tick interval under ``busyGapMs`` would otherwise
-        defer every batch, and the expiry the ticks drive with it.  One poll per gap, not one per call of Spark's: the dev broker walks the
-        partition for every fetch (a ListOffsets probe at each call doubled its CPU at idle)."""
+        defer every batch, and the expiry the ticks drive with it.  One poll per gap, not one per
+        call of Spark's: the dev broker walks the partition for every fetch (a ListOffsets probe at
+        each call doubled its CPU at idle)."""
         if not _any_command(reading.kept) or self.defer_while_busy_ms <= 0 or self._target is not None:
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
