@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -195,42 +196,51 @@ def read_after_sending(reader, producer, topic: str, value: bytes, partition: in
     return values(batches), end, time.monotonic() - started
 
 
+@contextlib.contextmanager
+def sending_every_50_ms(producer, topic: str, record):
+    """From a thread, sends ``record(n)``, a (value, partition), every 50 ms (never a 300 ms gap)
+    until the block ends; yields the values sent so far."""
+    stop, sent = threading.Event(), []
+
+    def send() -> None:
+        while not stop.is_set():
+            value, partition = record(len(sent))
+            producer.send(topic, value=value, partition=partition).get(timeout=30)
+            sent.append(value)
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        sender.join(10)
+
+
 def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wait(broker):
     """``deferWhileBusyMs``: a read that finds records polls again every ``busyGapMs`` while more
     come, and returns them all once a gap comes, or once it has read that long."""
     topic = new_topic(broker)
     reader = KafkaStreamReader(broker.bootstrap, topic, defer_while_busy_ms=1500, busy_gap_ms=300)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
-    stop, sent = threading.Event(), []
-
-    def burst() -> None:  # a record every 50 ms, never a 300 ms gap
-        while not stop.is_set():
-            value = f"b{len(sent)}".encode()
-            producer.send(topic, value=value, partition=len(sent) % 2).get(timeout=30)
-            sent.append(value)
-            time.sleep(0.05)
-
     try:
         seen, begin, took = read_after_sending(reader, producer, topic, b"lone", partition=0)
         assert seen == [b"lone"]
         assert 0.3 <= took < 1.4  # one gap with nothing new, not the longest wait
 
-        sender = threading.Thread(target=burst)
-        sender.start()
-        while not sent:
-            time.sleep(0.01)
-        started = time.monotonic()
-        batches, end = reader.read(begin)
-        took = time.monotonic() - started
-        stop.set()
-        sender.join(10)
+        with sending_every_50_ms(producer, topic, lambda n: (f"b{n}".encode(), n % 2)) as sent:
+            while not sent:
+                time.sleep(0.01)
+            started = time.monotonic()
+            batches, end = reader.read(begin)
+            took = time.monotonic() - started
         seen = values(batches)
         assert 1.4 < took < 3, took  # the longest wait: the burst never paused
         assert len(seen) > 20 and len(set(seen)) == len(seen) and set(seen) <= set(sent)  # many polls' worth
         batches, _ = reader.read(end)
         assert sorted(seen + values(batches)) == sorted(sent)  # the rest of it, once, in the next read
     finally:
-        stop.set()
         producer.close(timeout=10)
         reader.stop()
 
@@ -242,22 +252,12 @@ def test_the_jobs_own_ticks_do_not_keep_a_read_going(broker):
     topic = new_topic(broker)
     reader = KafkaStreamReader(broker.bootstrap, topic, defer_while_busy_ms=1500, busy_gap_ms=300)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
-    stop = threading.Event()
-
-    def tick() -> None:
-        while not stop.is_set():
-            producer.send(topic, value=ev.Tick(time.time_ns() // 1000).to_bytes(), partition=0).get(timeout=30)
-            time.sleep(0.05)
-
-    ticker = threading.Thread(target=tick)
-    ticker.start()
     try:
-        seen, _, took = read_after_sending(reader, producer, topic, b"lone", partition=1)
+        with sending_every_50_ms(producer, topic, lambda _: (ev.Tick(time.time_ns() // 1000).to_bytes(), 0)):
+            seen, _, took = read_after_sending(reader, producer, topic, b"lone", partition=1)
         assert b"lone" in seen and len(seen) > 1  # the command and the ticks so far
         assert 0.3 <= took < 1.4, took  # one gap with no command, not the longest wait
     finally:
-        stop.set()
-        ticker.join(10)
         producer.close(timeout=10)
         reader.stop()
 
