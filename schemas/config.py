@@ -117,8 +117,9 @@ class StreamingConfig:
     # a batch that finds commands goes on reading while they keep coming (none for busy_gap_ms ends a
     # burst; the job's own ticks are not commands here), up to this long: the gateways NOTIFY DELIVERY
     # ALL messages without the job, so a burst gets the host's cores, and the job routes it afterwards
-    # in one batch, paying a batch's fixed cost (planning, Delta commits) once.  What waits on the job (DELIVERY ONE, receipts, expiry, Delta)
-    # lags by as much under steady traffic, and by busy_gap_ms at least; 0 = never (python source only)
+    # in one batch, paying a batch's fixed cost (planning, Delta commits) once.  What waits on the job
+    # (DELIVERY ONE, receipts, expiry, Delta) lags by as much under steady traffic, and by busy_gap_ms at
+    # least; 0 = never (python source only)
     defer_while_busy_s: float = 3.0
     busy_gap_ms: int = 200
     query_name: str = "smqp-router"
