@@ -807,6 +807,34 @@ def test_acknowledge_sends_a_windows_acks_without_waiting_and_each_settles_on_it
     run(body)
 
 
+def test_a_cancelled_acknowledgement_still_takes_its_own_reply_and_one_cut_off_fails():
+    """Replies are matched to requests in order: the reply of an ACK whose waiter gave up is
+    still that ACK's, so the next ones settle on their own; an ACK whose reply never comes,
+    the connection closing, fails with ConnectionError."""
+    async def script(conn: Conn) -> None:
+        await conn.steps(LOGIN)
+        await conn.expect(b"SET NOTIFY WINDOW 3\r\n\r\n")
+        await conn.send(OK + notify_of(1) + notify_of(2) + notify_of(3))
+        await conn.expect(b"310 ACK www.host.com/1\r\n\r\n310 ACK www.host.com/2\r\n\r\n"
+                          b"310 ACK www.host.com/3\r\n\r\n")
+        await conn.send(b"310 ACK www.host.com/1\r\n\r\n310 ACK www.host.com/2\r\n\r\n")
+        conn.writer.close()
+
+    async def body() -> None:
+        async with ScriptedServer(script) as server:
+            client = await logged_in(server)
+            await client.set_notify_window(3)
+            notes = [await client.next_notification(STEP_TIMEOUT) for _ in range(3)]
+            first, second, third = [note.acknowledge() for note in notes]
+            first.cancel()
+            await asyncio.wait_for(second, STEP_TIMEOUT)  # not taken for the first's reply
+            with pytest.raises(ConnectionError):
+                await asyncio.wait_for(third, STEP_TIMEOUT)
+            assert first.cancelled()
+            await client.close()
+    run(body)
+
+
 def test_acknowledge_during_a_multi_step_exchange_goes_out_after_it():
     async def script(conn: Conn) -> None:
         await conn.steps(LOGIN)
