@@ -18,6 +18,7 @@ the same workloads against our stack alone (``--help`` lists them).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import sys
 import time
@@ -51,24 +52,30 @@ class _Publisher:
 class _Subscriber:
     def __init__(self, client: SMQPClient):
         self.client = client
-        self.acks: set[asyncio.Future] = set()  # in a notify window: ACKs sent whose 310 ACK is not back, or failed
+        # in a notify window: ACKs sent whose 310 ACK is not back, oldest first, and the failed ones
+        self.acks: collections.deque[asyncio.Future] = collections.deque()
+        self.failed: list[asyncio.Future] = []
 
     async def receive(self, timeout: float):
         note = await self.client.next_notification(timeout)  # a Notification: .data, .ack() (two-phase)
         return note if self.client.notify_window == 1 else _Windowed(note, self)
 
     def track(self, ack: asyncio.Future) -> None:
-        """Keep ``ack`` until its ``310 ACK`` came back; a failed one stays for :meth:`flush` to raise."""
-        self.acks.add(ack)
-        ack.add_done_callback(self._answered)
-
-    def _answered(self, ack: asyncio.Future) -> None:
-        if not ack.cancelled() and ack.exception() is None:
-            self.acks.discard(ack)
+        """Keep ``ack`` until its ``310 ACK`` came back; a failed one stays for :meth:`flush` to raise.
+        Replies come in order, so the answered ones are dropped from the front as new ones come:
+        no callback, and no step of the event loop, per acknowledgement."""
+        acks = self.acks
+        acks.append(ack)
+        while acks and acks[0].done():
+            answered = acks.popleft()
+            if answered.cancelled() or answered.exception() is not None:
+                self.failed.append(answered)
 
     async def flush(self) -> None:
         """Wait until every ACK sent has its server ``310 ACK`` (durable); raise if one failed."""
-        acks, self.acks = self.acks, set()
+        acks = [*self.failed, *self.acks]
+        self.acks.clear()
+        self.failed.clear()
         await asyncio.gather(*acks)
 
     async def close(self) -> None:
