@@ -34,7 +34,9 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   The gateways NOTIFY DELIVERY ALL messages without the job, so a burst's
   deliveries get the host's cores; the job then routes the burst in one batch,
   whose fixed cost (planning, Delta commits) is paid once instead of every
-  second or so.
+  second or so.  Meanwhile the ACKs' partition is not fetched, only its end
+  asked for (ACKs still coming keep the read going); its ACKs are read in one
+  go once the burst is over, the ones held for their publish among them.
 
 Options: ``bootstrap`` (required), ``topic`` (required),
 ``maxRecordsPerBatch`` (100000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
@@ -265,16 +267,38 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         has passed.  Ticks are not traffic: a tick interval under ``busyGapMs`` would otherwise
         defer every batch, and the expiry the ticks drive with it.  One poll per gap, not one per
         call of Spark's: the dev broker walks the partition for every fetch (a ListOffsets probe at
-        each call doubled its CPU at idle)."""
+        each call doubled its CPU at idle).
+
+        The ACKs' partition is left out of those polls, and only its end is asked for: in a
+        fan-out it holds ten ACKs per publish, whose fetching and parsing (the broker's and
+        kafka-python's CPU) took cores the burst's NOTIFYs needed.  They are read in one go
+        once the burst is over."""
         if not _any_command(reading.kept) or self.defer_while_busy_ms <= 0 or self._target is not None:
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
-        while len(reading.kept) < limit and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(self.busy_gap_ms / 1000, left))
-            before = len(reading.kept)
+        commands = [p for p in partitions if p != self.ack_partition]
+        acks = self._set_acks_aside(consumer, commands) if commands != partitions else None
+        try:
+            while len(reading.kept) < limit and (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(self.busy_gap_ms / 1000, left))
+                before = len(reading.kept)
+                self._poll(consumer, commands, limit, reading)
+                acked = acks is not None and acks.moved(consumer)
+                if not acked and not _any_command(islice(reading.kept, before, None)):
+                    break
+        finally:
+            if acks is not None:
+                acks.take_back(consumer, partitions, reading)
+        if acks is not None and len(reading.kept) < limit:
             self._poll(consumer, partitions, limit, reading)
-            if not _any_command(islice(reading.kept, before, None)):
-                break
+
+    def _set_acks_aside(self, consumer, commands: list[int]) -> _AcksAside:
+        """Fetch only the ``commands`` partitions for a while (see :meth:`_while_busy`)."""
+        tp = self._tp(self.ack_partition)
+        aside = _AcksAside(self, tp, consumer.position(tp))
+        aside.moved(consumer)  # where its end stands now
+        self._assign(consumer, commands)
+        return aside
 
     def _poll(self, consumer, partitions: list[int], limit: int, reading: _Reading) -> None:
         """Add to ``reading`` the records this batch reads (:meth:`_Reading.add`).
@@ -404,6 +428,37 @@ class _Reading:
                     self.held = record.offset
                     continue
             self.kept.append(record)
+
+
+class _AcksAside:
+    """The ACKs' partition while a read defers without fetching it: where it stood, and its end
+    as last asked (ListOffsets, which tansu under-reports by a batch: it only has to move)."""
+
+    __slots__ = ("reader", "tp", "position", "end")
+
+    def __init__(self, reader: KafkaStreamReader, tp, position: int):
+        self.reader, self.tp, self.position, self.end = reader, tp, position, None
+
+    def moved(self, consumer) -> bool:
+        """Whether ACKs were appended since the last call (when it cannot be asked: no, so a
+        failing broker does not prolong the deferral)."""
+        from kafka.errors import KafkaError
+
+        try:
+            end = consumer.end_offsets([self.tp], timeout_ms=self.reader.catch_up_timeout_ms).get(self.tp)
+        except KafkaError as error:
+            log.warning("could not ask where %s ends, so ending the deferral: %s", self.tp, error)
+            return False
+        moved, self.end = end != self.end, end
+        return moved
+
+    def take_back(self, consumer, partitions: list[int], reading: _Reading) -> None:
+        """Fetch the partition again, from where it stood or from the first ACK ``reading`` left for
+        want of its publish: partition 0 has been read further since, so it may now be read."""
+        self.reader._assign(consumer, partitions)
+        position = self.position if reading.held is None else reading.held
+        reading.held = None
+        consumer.seek(self.tp, position)
 
 
 def _any_command(records) -> bool:

@@ -448,6 +448,69 @@ def test_records_reaching_a_partition_that_was_at_its_end_are_read_while_another
         reader.stop()
 
 
+def test_a_deferring_read_leaves_the_acks_partition_to_the_end_and_its_acks_keep_it_going(broker):
+    """While a read defers, only the command partitions are fetched; ACKs still coming keep it
+    going (their partition's end is asked), and once they stop the read takes them all in one go,
+    in order, with the publish they follow."""
+    topic = new_topic(broker)
+    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None)])
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, defer_while_busy_ms=3000,
+                               busy_gap_ms=300, catch_up_timeout_ms=1000)
+    polled, poll = [], reader._poll
+    reader._poll = lambda consumer, partitions, *rest: (polled.append(list(partitions)), poll(consumer, partitions, *rest))
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    try:
+        begin = reader.initialOffset()
+        ack = lambda n: (f"ack-{n}".encode(), 1)  # noqa: E731
+        with sending_every_50_ms(producer, topic, ack) as sent:
+            while len(sent) < 2:
+                time.sleep(0.01)
+            stop_at = time.monotonic() + 0.8
+            batches, end = [], None
+            reading = threading.Thread(target=lambda: batches.append(reader.read(begin)))
+            reading.start()
+            while time.monotonic() < stop_at:
+                time.sleep(0.01)
+        reading.join(10)
+        [(read, end)] = batches
+        seen = values(read)
+        assert seen == [b"publish-0"] + sent, seen  # every ACK, in order: they kept the read going
+        assert end == {"0": 1, "1": len(sent)}
+        assert polled[0] == [0, 1] and polled[-1] == [0, 1] and len(polled) > 3
+        assert all(partitions == [0] for partitions in polled[1:-1]), polled  # no ACK fetched meanwhile
+    finally:
+        producer.close(timeout=10)
+        reader.stop()
+
+
+def test_an_ack_held_for_its_publish_comes_in_the_same_read_once_the_burst_brought_it(broker):
+    """An ACK whose publish the read had not reached yet is read again once the burst is over:
+    partition 0 has come that far meanwhile, so the batch holds both (not the next one)."""
+    topic = new_topic(broker)
+    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None), (1, b"ack-of-publish-4", 5)])
+    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, defer_while_busy_ms=3000,
+                               busy_gap_ms=300, catch_up_timeout_ms=500)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+
+    def publish_after_the_first_poll() -> None:
+        time.sleep(0.15)
+        for n in range(1, 5):
+            producer.send(topic, value=f"publish-{n}".encode(), partition=0).get(timeout=30)
+            time.sleep(0.05)
+
+    try:
+        begin = reader.initialOffset()
+        sender = threading.Thread(target=publish_after_the_first_poll)
+        sender.start()
+        batches, end = reader.read(begin)
+        sender.join(10)
+        assert values(batches) == [f"publish-{n}".encode() for n in range(5)] + [b"ack-of-publish-4"]
+        assert end == {"0": 5, "1": 1}
+    finally:
+        producer.close(timeout=10)
+        reader.stop()
+
+
 def test_missing_topic_is_a_clear_error(broker):
     reader = KafkaStreamReader(broker.bootstrap, f"nope-{uuid.uuid4().hex[:8]}", metadata_timeout_ms=1000)
     try:
