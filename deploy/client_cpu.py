@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
+import contextlib
 import resource
 import statistics
 import subprocess
@@ -28,9 +28,9 @@ import time
 from deploy import compare_workloads
 from deploy.bench import _Subscriber
 from deploy.broker import free_port, wait_for_port
+from deploy.compare import collecting_like_the_gateway
 from gateway.client import SMQPClient
 from gateway.protocol import render_notify
-from gateway.server import GC_THRESHOLDS
 from schemas.events import Deliver, Section
 
 BODY = b"x" * compare_workloads.BODY_SIZE
@@ -109,20 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         asyncio.run(serve(args.serve, args.messages))
         return 0
-    if args.gc == "gateway":
-        gc.set_threshold(*GC_THRESHOLDS)
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "deploy.client_cpu", "--serve", str(port),
                                "--messages", str(args.messages)])
+    collecting = collecting_like_the_gateway() if args.gc == "gateway" else contextlib.nullcontext()
     try:
         wait_for_port("127.0.0.1", port, 30)
         readings = []
-        for run in range(1, args.runs + 1):
-            result = asyncio.run(one_run(port, args.subscribers, args.messages, args.window))
-            readings.append(result["cpu_us_per_delivery"])
-            print(f"run {run}: {result['delivered']:,} deliveries in {result['seconds']:.2f} s "
-                  f"({result['delivered'] / result['seconds']:,.0f}/s), client CPU "
-                  f"{result['cpu_us_per_delivery']:.1f} µs per delivery", flush=True)
+        with collecting:
+            for run in range(1, args.runs + 1):
+                result = asyncio.run(one_run(port, args.subscribers, args.messages, args.window))
+                readings.append(result["cpu_us_per_delivery"])
+                print(f"run {run}: {result['delivered']:,} deliveries in {result['seconds']:.2f} s "
+                      f"({result['delivered'] / result['seconds']:,.0f}/s), client CPU "
+                      f"{result['cpu_us_per_delivery']:.1f} µs per delivery", flush=True)
     finally:
         server.terminate()
         server.wait(10)
