@@ -288,14 +288,15 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                     break
         finally:
             if acks is not None:
-                acks.take_back(consumer, partitions, reading)
+                self._assign(consumer, partitions)
+                consumer.seek(acks.tp, acks.resume_from(reading))
         if acks is not None and len(reading.kept) < limit:
             self._poll(consumer, partitions, limit, reading)
 
     def _set_acks_aside(self, consumer, commands: list[int]) -> _AcksAside:
         """Fetch only the ``commands`` partitions for a while (see :meth:`_while_busy`)."""
         tp = self._tp(self.ack_partition)
-        aside = _AcksAside(self, tp, consumer.position(tp))
+        aside = _AcksAside(tp, consumer.position(tp), self.catch_up_timeout_ms)
         aside.moved(consumer)  # where its end stands now
         self._assign(consumer, commands)
         return aside
@@ -434,10 +435,10 @@ class _AcksAside:
     """The ACKs' partition while a read defers without fetching it: where it stood, and its end
     as last asked (ListOffsets, which tansu under-reports by a batch: it only has to move)."""
 
-    __slots__ = ("reader", "tp", "position", "end")
+    __slots__ = ("tp", "position", "timeout_ms", "end")
 
-    def __init__(self, reader: KafkaStreamReader, tp, position: int):
-        self.reader, self.tp, self.position, self.end = reader, tp, position, None
+    def __init__(self, tp, position: int, timeout_ms: int):
+        self.tp, self.position, self.timeout_ms, self.end = tp, position, timeout_ms, None
 
     def moved(self, consumer) -> bool:
         """Whether ACKs were appended since the last call (when it cannot be asked: no, so a
@@ -445,20 +446,19 @@ class _AcksAside:
         from kafka.errors import KafkaError
 
         try:
-            end = consumer.end_offsets([self.tp], timeout_ms=self.reader.catch_up_timeout_ms).get(self.tp)
+            end = consumer.end_offsets([self.tp], timeout_ms=self.timeout_ms).get(self.tp)
         except KafkaError as error:
             log.warning("could not ask where %s ends, so ending the deferral: %s", self.tp, error)
             return False
         moved, self.end = end != self.end, end
         return moved
 
-    def take_back(self, consumer, partitions: list[int], reading: _Reading) -> None:
-        """Fetch the partition again, from where it stood or from the first ACK ``reading`` left for
-        want of its publish: partition 0 has been read further since, so it may now be read."""
-        self.reader._assign(consumer, partitions)
+    def resume_from(self, reading: _Reading) -> int:
+        """Where to fetch the partition again: where it stood, or the first ACK ``reading`` left for
+        want of its publish (partition 0 has been read further since, so it may now be read)."""
         position = self.position if reading.held is None else reading.held
         reading.held = None
-        consumer.seek(self.tp, position)
+        return position
 
 
 def _any_command(records) -> bool:
