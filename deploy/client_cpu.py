@@ -76,7 +76,8 @@ async def serve(port: int, messages: int) -> None:
 
 
 async def one_run(port: int, subscribers: int, messages: int, window: int) -> dict:
-    """Connect, log in and set the window (not counted), then take everything: CPU and wall time."""
+    """Connect and log in (not counted), then set the window, which starts the NOTIFYs, and take
+    everything: the client's CPU and the wall time from there."""
     clients = [await SMQPClient.open("127.0.0.1", port, f"bsub{i}", "pw") for i in range(subscribers)]
     try:
         adapters = [_Subscriber(client) for client in clients]
