@@ -3,8 +3,8 @@
 Four bounded measurements on 127.0.0.1, with processes each starts and stops itself (and, for
 ``drain --master spark://…``, a Spark cluster you started):
 
-- ``kafka``: one partition of the dev broker (tansu) through the gateway's own Kafka edge
-  (``gateway.kafka_io``: acks=all, batched by the event loop, one request in flight) — append
+- ``kafka``: one partition of a one-node Apache Kafka through the gateway's own Kafka edge
+  (``kafka_edge``: acks=all, batched by the event loop, one request in flight) — append
   rate, durable appends one at a time (an ACK's wait), and the rate a tail reads it back.
 - ``ingest``: one gateway process, no routing job — guaranteed 200-byte PUBs per second from
   pipelining publishers (each reply waits for Kafka's acks=all).
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from deploy.broker import KafkaBroker, create_topics, free_port, scratch_broker, wait_for_port
 from deploy.stack import stopping_on_sigterm
 from schemas.config import load_config
 
@@ -50,11 +50,11 @@ def _rss_mb(pid: int) -> float:
 
 
 def measure_kafka(records: int, size: int, serial: int) -> dict:
-    """Through the gateway's own Kafka edge (``gateway.kafka_io``): append ``records`` of ``size``
+    """Through the project's own Kafka edge (``kafka_edge``): append ``records`` of ``size``
     bytes to one partition all at once (batched by the event loop, one request in flight), then
     ``serial`` more each awaited before the next (the latency of one durable append), then read
     them all back from offset 0 with a tail (a gateway's start-up fold)."""
-    with DevBroker() as broker:
+    with scratch_broker() as broker:
         config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": "cap.p1",
                                             "deliveries_topic": "cap.unused"}).kafka
         create_topics(config)
@@ -62,10 +62,10 @@ def measure_kafka(records: int, size: int, serial: int) -> dict:
 
 
 async def _kafka_figures(config, records: int, size: int, serial: int) -> dict:
-    from gateway.kafka_io import Cluster, DurableLog, Tail
+    from kafka_edge import Cluster, DurableLog, Tail
 
-    cluster = Cluster(config)
-    log = await DurableLog.open(config, cluster)
+    cluster = Cluster(config, client_id="capacity")
+    log = await DurableLog.open(config, cluster, config.commands_topic)
     value = b"x" * size
     started = time.perf_counter()
     await asyncio.gather(*(log.append(None, value, partition=0) for _ in range(records)))
@@ -93,7 +93,7 @@ async def _kafka_figures(config, records: int, size: int, serial: int) -> dict:
             "fetched": counted[0], "fetch_msgs_per_s": round(counted[0] / fetch_s)}
 
 
-def _gateway(broker: DevBroker, workdir: str, extra_env: dict[str, str] | None = None):
+def _gateway(broker: KafkaBroker, workdir: str, extra_env: dict[str, str] | None = None):
     """A gateway process on a free port; returns (process, config)."""
     config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
                          gateway={"port": free_port()})
@@ -122,7 +122,7 @@ def measure_connections(count: int) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * count + 256)), hard))
     workdir = tempfile.mkdtemp(prefix="smqp-capacity-")
-    with DevBroker() as broker:
+    with scratch_broker() as broker:
         gateway, config = _gateway(broker, workdir)
         try:
             address = (config.gateway.host, config.gateway.port)
@@ -157,7 +157,7 @@ def measure_ingest(messages: int, publishers: int, window: int) -> dict:
     from gateway.client import SMQPClient
 
     workdir = tempfile.mkdtemp(prefix="smqp-capacity-")
-    with DevBroker() as broker:
+    with scratch_broker() as broker:
         gateway, config = _gateway(broker, workdir)
         try:
             address = (config.gateway.host, config.gateway.port)
@@ -229,7 +229,7 @@ def measure_drain(messages: int, subscribers: int, batch: int, master: str, laun
     workdir = Path(tempfile.mkdtemp(prefix="smqp-drain-"))
     messages -= messages % 4
     warmup -= warmup % 4
-    with DevBroker() as broker:
+    with scratch_broker() as broker:
         config = load_config(env={}, data_dir=str(workdir / "data"), kafka={"bootstrap": broker.bootstrap})
         toml = _job_config(config, workdir / "smqp.toml", batch, accounts)
         gateway, config = _gateway(broker, str(workdir), {"SMQP_CONFIG": toml})
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.capacity", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="measure", required=True)
-    kafka = sub.add_parser("kafka", help="one tansu partition: produce, serial append and fetch rates")
+    kafka = sub.add_parser("kafka", help="one Kafka partition: produce, serial append and fetch rates")
     kafka.add_argument("--records", type=int, default=50000, help="records to produce (default 50000)")
     kafka.add_argument("--bytes", type=int, default=200, help="record size (default 200)")
     kafka.add_argument("--serial", type=int, default=1000, help="appends awaited one by one (default 1000)")

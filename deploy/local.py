@@ -1,16 +1,18 @@
 """``smqp-local``: the whole system on one machine, on embedded defaults.
 
-Starts the development Kafka broker (tansu, memory storage), creates the
-topics, then the Spark streaming job (local mode), one SMQP gateway (with its
-Prometheus status page) and the ops dashboard as child processes, prints
-where everything is, and on Ctrl-C stops them in order: the dashboard, the
-gateway (clients get ``NOTIFY SERVER BYE``), then the job (it finishes its
-micro-batch), then the broker.  The dashboard is an onlooker: if it cannot
-start (its port is taken), the rest keeps running.
+Starts a one-node Apache Kafka (deploy/broker.py) with its log under the data
+directory, creates the topics, then the Spark streaming job (local mode), one
+SMQP gateway (with its Prometheus status page) and the ops dashboard as child
+processes, prints where everything is, and on Ctrl-C stops them in order: the
+dashboard, the gateway (clients get ``NOTIFY SERVER BYE``), then the job (it
+finishes its micro-batch), then Kafka.  The dashboard is an onlooker: if it
+cannot start (its port is taken), the rest keeps running.
 
-The dev broker keeps nothing across runs, so each run gets its own
-streaming checkpoint (the query name carries the start time); the Delta
-tables under the data directory keep the history of every run.
+Everything lives in the data directory and a restart on the same one goes on
+where the last run stopped: Kafka's log (``kafka/``) keeps every command and
+delivery, the job resumes from its checkpoint (``checkpoints/<query_name>``),
+and the Delta tables (``tables/``) keep the history.  A checkpoint without the
+Kafka log it was made on is refused: its offsets would point into nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from deploy.broker import BrokerError, KafkaBroker, create_topics, free_port, wait_for_port
+from deploy.jars import JarsUnavailable
 from schemas.config import DashboardConfig, load_config
 
 
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run broker + streaming job + one gateway locally. Ctrl-C stops everything.",
     )
     parser.add_argument("--config", help="TOML configuration file (see deploy/smqp.example.toml)")
-    parser.add_argument("--data-dir", help="where Delta tables and checkpoints live (default ./smqp-data)")
+    parser.add_argument("--data-dir", help="where Kafka's log, the Delta tables and the job's checkpoint live; a restart on the "
+                             "same directory goes on where the last run stopped (default ./smqp-data)")
     args = parser.parse_args(argv)
 
     config = load_config(args.config)
@@ -54,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(config, data_dir=args.data_dir)
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     data_dir = str(Path(config.data_dir).absolute())
+    config = replace(config, data_dir=data_dir)
     broker_port = int(config.kafka.bootstrap.rsplit(":", 1)[1])
-    query_name = f"{config.streaming.query_name}-{time.strftime('%Y%m%dT%H%M%S')}"
     status_port = config.gateway.status_port or free_port()  # the dashboard scrapes the gateway here
     dashboard_port = config.dashboard.port or free_port()
     gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
@@ -69,14 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    broker = DevBroker(port=broker_port, log_path=str(Path(data_dir, "broker.log"))).start()
+    broker = KafkaBroker(Path(data_dir, "kafka"), broker_port, settings=config.local_kafka,
+                         controller_port=config.local_kafka.controller_port)
     children: list[tuple[str, subprocess.Popen]] = []
     dashboard: subprocess.Popen | None = None
     try:
+        print(f"starting Kafka on {config.kafka.bootstrap} (log {broker.log_path}) ...", flush=True)
+        broker.start()
+        checkpoint = Path(config.checkpoint_dir)
+        if broker.formatted and checkpoint.exists():
+            raise BrokerError(
+                f"Kafka's log under {broker.data_dir} is new, but the job's checkpoint {checkpoint} was made on "
+                "an older one: its offsets point into nothing. Restore that log, or start afresh by removing "
+                f"{checkpoint} (the Delta tables under {data_dir}/tables keep the old history)")
         create_topics(config.kafka)
         env = dict(os.environ, SMQP_DATA_DIR=data_dir, SMQP_KAFKA_BOOTSTRAP=config.kafka.bootstrap,
-                   SMQP_STREAMING_QUERY_NAME=query_name, PYSPARK_PYTHON=sys.executable,
-                   SMQP_GATEWAY_STATUS_PORT=str(status_port))
+                   PYSPARK_PYTHON=sys.executable, SMQP_GATEWAY_STATUS_PORT=str(status_port))
         if args.config:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
         for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server")):
@@ -100,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             "\nSMQP on Spark is running:\n"
             f"  SMQP gateway     {config.gateway.host}:{config.gateway.port}   "
             f"(try: smqp sub '/stocks/*'  and  smqp pub /stocks/quotes/ibm 24.567)\n"
-            f"  Kafka broker     {config.kafka.bootstrap}   (tansu, memory storage; log {data_dir}/broker.log)\n"
-            f"  streaming job    Spark {config.streaming.master}, query {query_name}\n"
+            f"  Kafka broker     {config.kafka.bootstrap}   (Apache Kafka, log in {broker.data_dir}; "
+            f"output {broker.log_path})\n"
+            f"  streaming job    Spark {config.streaming.master}, query {config.streaming.query_name}, "
+            f"checkpoint {checkpoint}\n"
             f"  Delta tables     {data_dir}/tables/{{messages,deliveries,subscriptions,metrics}}\n"
             f"  dashboard        {dashboard_url}   (Prometheus: {dashboard_url.rstrip('/')}/metrics)\n"
             f"  gateway metrics  {gateway_status}\n"
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
             time.sleep(0.2)
         return 0
-    except (TimeoutError, OSError) as error:
+    except (TimeoutError, OSError, BrokerError, JarsUnavailable) as error:
         print(f"smqp-local: could not start: {error}", file=sys.stderr)
         return 1
     finally:

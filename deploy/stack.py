@@ -1,6 +1,6 @@
 """The whole engine as child processes on 127.0.0.1, for scripts (benchmark, soak run).
 
-``running_stack(accounts)`` starts the dev broker, the streaming job and one
+``running_stack(accounts)`` starts a one-node Kafka, the streaming job and one
 gateway (each its own process, logs in a work directory; the gateway's
 Prometheus page on ``config.gateway.status_port``), yields a :class:`Stack`,
 and stops them all (SIGTERM, then SIGKILL) however the block ends, a SIGTERM to the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from deploy.broker import DevBroker, create_topics, free_port, wait_for_port
+from deploy.broker import KafkaBroker, create_topics, free_port, wait_for_port
 from gateway.accounts import hash_password
 from schemas.config import SMQPConfig, load_config
 
@@ -30,7 +30,7 @@ class Stack:
     config: SMQPConfig
     workdir: str
     children: dict[str, subprocess.Popen]
-    broker: DevBroker
+    broker: KafkaBroker
 
     @property
     def address(self) -> tuple[str, int]:
@@ -110,7 +110,7 @@ def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Ite
 
 def _running_stack(accounts: Mapping[str, str], iterations: int) -> Iterator[Stack]:
     workdir = tempfile.mkdtemp(prefix="smqp-stack-")
-    broker = DevBroker(log_path=f"{workdir}/broker.log").start()
+    broker = KafkaBroker(f"{workdir}/kafka").start()
     children: dict[str, subprocess.Popen] = {}
     try:
         config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},

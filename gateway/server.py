@@ -45,9 +45,9 @@ from datetime import datetime, timezone
 
 from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
+from gateway.feeds import (RawDeliver, RawPublish, control_tail, deliveries_tail, open_commands_log,
+                           read_acks_since)
 from gateway.ids import SmuidFactory, new_guid
-from gateway.kafka_io import (Cluster, DurableLog, RawDeliver, RawPublish, Tail, control_tail, deliveries_tail,
-                              read_acks_since)
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.presence import Arrived, Left, PresenceMap
@@ -70,6 +70,7 @@ from gateway.protocol import (
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList
+from kafka_edge import Cluster, DurableLog, Tail
 from schemas.config import GatewayConfig, SMQPConfig, load_config
 from schemas.events import (AFTER_HEADER, Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync,
                             decode)
@@ -782,8 +783,8 @@ class Gateway:
         says so before anything is folded.  Nothing is handed on while the book and the presence
         map are being read: only once both are complete (the fold past that reset) does
         ``handing_on`` start; no login is connected here before that, so nothing is missed."""
-        self.kafka = Cluster(self.config.kafka)
-        self.log = await DurableLog.open(self.config.kafka, self.kafka)
+        self.kafka = Cluster(self.config.kafka, client_id="smqp-gateway")
+        self.log = await open_commands_log(self.config.kafka, self.kafka)
         reset = await self.log.append(b"", NodeReset(self.config.gateway.node_id).to_bytes(), partition=0)
         self.control = control_tail(self.config.kafka, self.kafka, self._on_control)
         self.control.start()
@@ -872,8 +873,6 @@ class Gateway:
         """Wait until the registry has folded partition 0 up to ``offset``."""
         if self.registry.applied >= offset:
             return
-        if self.control is not None:
-            self.control.nudge()
         future = asyncio.get_running_loop().create_future()
         self._fold_waiters.append((offset, future))
         limit = self.config.kafka.delivery_timeout_ms / 1000

@@ -24,27 +24,16 @@ class KafkaConfig:
     commands_partitions: int = 1
     deliveries_partitions: int = 1
     # how long a gateway's append no client waits on alone (pipelined PUBs, ACKs within a NOTIFY window) may
-    # wait for others to share its produce request (Kafka's producer setting), until batch_bytes wait (Kafka's
-    # batch.size): fewer, fuller record batches, which the dev broker lists at every fetch (1,000 PUBs/s made
-    # batches of ~7 at 5 ms).  A lone PUB or a window-1 ACK is sent at once
+    # wait for others to share its produce request (Kafka's linger.ms), until batch_bytes wait (Kafka's
+    # batch.size): fewer, fuller record batches.  A lone PUB or a window-1 ACK is sent at once
     linger_ms: int = 20
     batch_bytes: int = 16384
     delivery_timeout_ms: int = 15000  # a PUB not durable by then gets 503
-    # the longest a gateway's fetch waits for records: the dev broker holds an empty fetch this long even
-    # when records arrive meanwhile, so it bounds how late a gateway reads a record there (Apache Kafka
-    # answers as soon as there is data: 100-500 costs nothing in latency there and fewer idle fetches)
-    fetch_max_wait_ms: int = 10
-    # the same for a gateway's tail of the deliveries topic, which carries the job's routing (DELIVERY ONE,
-    # what the gateway did not route itself) and its settled ACKs: off the latency of most NOTIFYs
-    deliveries_fetch_max_wait_ms: int = 100
-    # a gateway's fetch is answered once this many bytes are there, or after fetch_max_wait_ms: under
-    # load each fetch then carries many records instead of one or two (fewer requests to make and parse)
+    # the longest a gateway's fetch waits at the broker for records (Kafka's fetch.max.wait.ms and default):
+    # Kafka answers the moment a record arrives, so this costs no latency; it is how often an idle tail asks
+    fetch_max_wait_ms: int = 500
+    # a gateway's fetch is answered once this many bytes are there, or after fetch_max_wait_ms
     fetch_min_bytes: int = 1
-    # a gateway's tail that fetched records and reached the end waits this many times that fetch's duration
-    # before the next (at most 0.5 s; not when the gateway waits for its own control event): on the dev broker
-    # a fetch that finds records costs CPU in proportion to every batch the partition holds, so this bounds a
-    # tail's share of the broker as the log grows; 0 fetches again at once
-    tail_pause_factor: float = 3.0
     # ACKs go to a partition of their own, the commands topic's last (it then has commands_partitions + 1):
     # a gateway's registry fold reads partition 0 only, so a drain's ACKs cost it nothing (on the dev broker
     # each fetch that finds records walks the whole partition).  Each ACK carries a ``smqp.after`` header,
@@ -61,6 +50,18 @@ class KafkaConfig:
     def commands_topic_partitions(self) -> int:
         """How many partitions the commands topic has: ``commands_partitions``, and the ACKs' own."""
         return self.commands_partitions + (1 if self.ack_partition else 0)
+
+
+@dataclass(frozen=True)
+class LocalKafkaConfig:
+    """The one-node Apache Kafka that ``smqp-local`` (and the test suite) starts (deploy/broker.py);
+    a deployment on a Kafka cluster of its own ignores this section."""
+
+    heap: str = "512m"  # the JVM's -Xmx
+    controller_port: int = 19093  # the KRaft controller's listener on 127.0.0.1 (the broker's: [kafka] bootstrap)
+    # fsync every append before acknowledging it (log.flush.interval.messages=1), as RabbitMQ does for
+    # persistent messages; Kafka's default, false, acknowledges once the record is in the page cache
+    flush_every_message: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ class DashboardConfig:
 class SMQPConfig:
     data_dir: str = "smqp-data"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    local_kafka: LocalKafkaConfig = field(default_factory=LocalKafkaConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)

@@ -11,8 +11,12 @@ apt_install() {  # Debian packages the project needs beside Python
   $sudo_ apt-get update -qq && $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 if ! command -v java >/dev/null 2>&1; then
-  echo "==> Java not found: installing OpenJDK 17 (Spark needs a JVM)"
+  echo "==> Java not found: installing OpenJDK 17 (Kafka and Spark run on it)"
   apt_install openjdk-17-jre-headless
+fi
+if ! command -v mvn >/dev/null 2>&1; then
+  echo "==> Maven not found: installing it (it fetches Kafka's jars from Maven Central)"
+  apt_install maven
 fi
 if [ "$extras" = test ] && ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing Chromium (the dashboard test renders the page headless)"
@@ -31,4 +35,6 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[$extras]"
   touch "$stamp"
 fi
+# Kafka's jars, once, into the git-ignored cache (.cache/jars; deploy/jars.py)
+.venv/bin/python -m deploy.jars kafka >/dev/null
 export PYSPARK_PYTHON="$root/.venv/bin/python"

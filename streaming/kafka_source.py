@@ -127,7 +127,6 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self.topic = topic
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
-        self._fetch_wait_ms = max(10, poll_timeout_ms)  # a fetch's max wait, lengthened while needed (_pace)
         self.catch_up_timeout_ms = catch_up_timeout_ms
         self.replay_timeout_ms = replay_timeout_ms
         self.metadata_timeout_ms = metadata_timeout_ms
@@ -156,7 +155,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=self._fetch_wait_ms,
+            fetch_max_wait_ms=max(10, self.poll_timeout_ms),
             max_poll_records=self.max_records,
             client_id="smqp-streaming-source",
             # kafka-python's default (1 MiB a partition) cut each fetch of a two-partition topic to
@@ -317,7 +316,6 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             answered.update(tp.partition for tp, batch in polled.items() if batch)
             behind = [p for p in partitions if self._behind(consumer, [p])]
             starved = [p for p in behind if p not in answered]
-            self._pace(consumer, bool(polled) and not starved, bool(behind))
             reading.add([r for batch in polled.values() for r in batch
                          if self._target is None or r.offset < self._target.get(r.partition, 0)])
             if reading.held is not None:  # reading the ACKs further gains nothing until partition 0 moves
@@ -326,17 +324,6 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                 more = starved if reading.kept else behind
             if not more or time.monotonic() > deadline or len(reading.kept) >= limit:
                 return
-
-    def _pace(self, consumer, got_records: bool, behind: bool) -> None:
-        """Lengthen the consumer's fetch wait while the broker answers empty for lack of time (the
-        dev broker does, far behind or loaded: :func:`gateway.kafka_io.next_wait_ms`), or the job
-        would never catch up; kafka-python reads it from its fetcher's config at each fetch."""
-        from gateway.kafka_io import next_wait_ms
-
-        fetcher_config = getattr(getattr(consumer, "_fetcher", None), "config", None)
-        if fetcher_config is not None and "fetch_max_wait_ms" in fetcher_config:
-            fetcher_config["fetch_max_wait_ms"] = next_wait_ms(
-                fetcher_config["fetch_max_wait_ms"], self._fetch_wait_ms, got_records, behind)
 
     def _behind(self, consumer, partitions: list[int]) -> bool:
         """True while some partition's known end (high watermark, capped by the target) is ahead of us."""
@@ -373,7 +360,6 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                         f"{self.replay_timeout_ms} ms; still missing {missing} (deleted by retention, "
                         "or a different broker?)")
                 polled = consumer.poll(timeout_ms=max(self.poll_timeout_ms, 100))
-                self._pace(consumer, bool(polled), True)
                 for batch in polled.values():
                     for record in batch:
                         stop = wanted[record.partition][1]

@@ -18,7 +18,7 @@ Per batch, :class:`CommandSink` runs the pure transforms of
    exactly as the first attempt did;
 3. **announces** ``Progress`` (commands partition → next offset) to every
    deliveries partition, *after* the commit, so it always means "committed";
-4. waits for Kafka to take every record sent (:mod:`streaming.kafka_out`) and fails the batch if one failed.
+4. waits for Kafka to take every record sent (:class:`kafka_edge.ThreadedLog`) and fails the batch if one failed.
 
 ACKs for deliveries this job never routed are ignored in Delta (no row is
 created) but still answered with ``Acked``: the ACK itself is durable in
@@ -42,13 +42,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (ArrayType, BooleanType, DataType, IntegerType, LongType, StringType, StructField,
                                StructType)
 
+from kafka_edge import ThreadedLog
 from schemas.config import SMQPConfig
 from schemas.events import Ack, Acked, AckedBatch, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
 from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
                            TRASH_TABLE, arrow_schema)
 from streaming import dispatch, routing
-from streaming.kafka_out import DeliveriesLog
 from streaming.retention import TrashSweeper
 
 log = logging.getLogger(__name__)
@@ -652,7 +652,7 @@ def _redeliver(deliver: pa.Table, holders: dict[int, str | None], changed: set[i
 
 
 class CommandSink:
-    """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one producer (:mod:`streaming.kafka_out`).
+    """``foreachBatch`` callable: ``sink(batch_df, batch_id)``. Holds one producer (:class:`kafka_edge.ThreadedLog`).
 
     ``close()`` lets it finish and closes it; call it after the query stops.
     """
@@ -706,10 +706,11 @@ class CommandSink:
         version = table.transaction_version(self.app_id(name))
         return None if version is not None and version >= batch_id else table
 
-    def producer(self) -> DeliveriesLog:
+    def producer(self) -> ThreadedLog:
         """The long-lived producer to the deliveries topic (acks=all), created on first use."""
         if self._producer is None:
-            self._producer = DeliveriesLog(self.config.kafka, client_id=f"{self.query_name}-sink")
+            self._producer = ThreadedLog(self.config.kafka, self.config.kafka.deliveries_topic,
+                                         client_id=f"{self.query_name}-sink")
         return self._producer
 
     def close(self) -> None:

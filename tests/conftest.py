@@ -1,4 +1,4 @@
-"""Shared fixtures: the real dev broker and one lean Spark session."""
+"""Shared fixtures: one real Apache Kafka node and one lean Spark session for the whole run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from deploy.broker import DevBroker, create_topics
+from deploy.broker import KafkaBroker, create_topics
 from schemas.config import KafkaConfig
 
 
@@ -21,9 +21,9 @@ def kafka_config(bootstrap: str, **kafka) -> KafkaConfig:
 
 
 @pytest.fixture(scope="session")
-def broker():
-    """One tansu broker for the whole run; tests isolate themselves by topic names."""
-    with DevBroker() as running:
+def broker(tmp_path_factory):
+    """One Kafka node (a JVM) for the whole run; tests isolate themselves by topic names."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
         yield running
 
 

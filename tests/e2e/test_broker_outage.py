@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from deploy.broker import DevBroker, free_port
+from deploy.broker import KafkaBroker, free_port
 from gateway.client import SMQPClient, SMQPError
 from gateway.replies import SERVICE_UNAVAILABLE
 from schemas.events import Publish, decode
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_publish_while_kafka_is_down_gets_503(tmp_path):
-    with DevBroker() as broker:
+    with KafkaBroker(tmp_path / "kafka") as broker:
         config = stack_config(broker, tmp_path)
         with GatewayThread(config) as gateway:
             host, port = gateway.address
@@ -68,7 +68,7 @@ def test_kafka_unreachable_for_a_while_then_back_the_same_gateway_recovers(spark
     and what got 503 is never delivered; once the way is back, the same gateway takes PUBs with
     200 again and they are delivered, without a restart."""
     proxy_port = free_port()
-    with DevBroker(advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
+    with KafkaBroker(tmp_path / "kafka", advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
         config = stack_config(broker, tmp_path)
         config = replace(config, kafka=replace(config.kafka, delivery_timeout_ms=3000))
         with Router(spark, config), GatewayThread(config) as gateway:
@@ -119,7 +119,7 @@ def test_after_kafka_refused_connections_for_a_while_the_gateway_reconnects_soon
     """Kafka down for everyone (connections refused) for 20 s: kafka-python backs off its reconnects
     exponentially; the gateway takes PUBs again soon after Kafka is back (printed)."""
     proxy_port = free_port()
-    with DevBroker(advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
+    with KafkaBroker(tmp_path / "kafka", advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
         config = stack_config(broker, tmp_path)
         config = replace(config, kafka=replace(config.kafka, delivery_timeout_ms=3000))
         with GatewayThread(config) as gateway:

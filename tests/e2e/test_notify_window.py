@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from deploy.broker import DevBroker, free_port
+from deploy.broker import KafkaBroker, free_port
 from gateway.client import SMQPClient, SMQPError
 from gateway.replies import SERVICE_UNAVAILABLE
 from tests.e2e.proxy import KafkaProxy
@@ -201,7 +201,7 @@ def test_in_a_window_an_ack_kafka_cannot_take_ends_the_login_and_leaves_the_mess
     again (none was acknowledged).  Meanwhile the acknowledged NOTIFY left the window when the
     client's 310 ACK arrived: the next NOTIFY was written at once, ahead of the ACK's reply."""
     proxy_port = free_port()
-    with DevBroker(advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
+    with KafkaBroker(tmp_path / "kafka", advertised_port=proxy_port) as broker, KafkaProxy(broker.port, proxy_port) as proxy:
         config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
         config = replace(config, kafka=replace(config.kafka, delivery_timeout_ms=3000))
 

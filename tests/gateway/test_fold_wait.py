@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.kafka_io import Cluster, control_tail
+from gateway.feeds import control_tail
+from kafka_edge import Cluster
 from gateway.server import Gateway
 from schemas.config import load_config
 
@@ -14,7 +15,7 @@ from schemas.config import load_config
 def _gateway(tmp_path, timeout_ms: int) -> Gateway:
     """A gateway whose control tail is never started: the test hands ``_on_control`` its records."""
     gateway = Gateway(load_config(env={}, data_dir=str(tmp_path), kafka={"delivery_timeout_ms": timeout_ms}))
-    gateway.control = control_tail(gateway.config.kafka, Cluster(gateway.config.kafka), gateway._on_control)
+    gateway.control = control_tail(gateway.config.kafka, Cluster(gateway.config.kafka, client_id="test"), gateway._on_control)
     return gateway
 
 

@@ -115,6 +115,7 @@ def test_the_jobs_acked_batch_settles_each_delivery_in_it(broker, tmp_path):
         write(*(as_the_job(smuid) for smuid in smuids))
         first = gateway.call(bob.next_notification(timeout=10))  # window 1: the others wait behind it
         assert first.smuid == smuids[0]
+        pending_becomes(3)  # all three read (the tail may read the first alone)
         write(batch(*(Acked("bob", smuid, "expired") for smuid in smuids[1:])))
         pending_becomes(1)
         gateway.call(first.ack())

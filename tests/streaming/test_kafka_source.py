@@ -166,26 +166,6 @@ def test_driver_reader_keeps_consumer_out_of_pickles_and_reports_offsets(broker)
         reader.stop()
 
 
-def test_the_readers_fetch_wait_grows_while_the_broker_answers_empty_and_returns_once_idle(broker):
-    """The dev broker answers a fetch empty when it cannot gather the records within the fetch's
-    wait: the reader lengthens the wait of its live consumer while that happens (else a job far
-    behind never catches up), and is back at its own once nothing more is there."""
-    topic = new_topic(broker)
-    produce(broker, topic, [f"p{i}".encode() for i in range(4)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, poll_timeout_ms=20)
-    try:
-        batches, end = reader.read(reader.initialOffset())
-        fetcher = reader._consumer._fetcher.config  # what kafka-python builds each FetchRequest from
-        assert fetcher["fetch_max_wait_ms"] == 20
-        reader._pace(reader._consumer, got_records=False, behind=True)
-        reader._pace(reader._consumer, got_records=False, behind=True)
-        assert fetcher["fetch_max_wait_ms"] == 80
-        reader.read(end)  # nothing new: idle
-        assert fetcher["fetch_max_wait_ms"] == 20
-    finally:
-        reader.stop()
-
-
 def read_after_sending(reader, producer, topic: str, value: bytes, partition: int):
     """Appends ``value`` to an empty ``topic``, then reads it from the start: the values read, the
     end offsets, and the seconds the read took."""

@@ -1,6 +1,6 @@
 """The gateway's record batch codec against kafka-python's: the same bytes written, the same
 records read (compressed and older-format batches through kafka-python itself), a batch whose
-checksum fails refused.  The real broker's side is in test_kafka_io (appends read back)."""
+checksum fails refused.  The real broker's side is in test_append_and_tail (appends read back)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import calc_crc32c
 
-from gateway.kafka_records import encode_batch, read_batches
+from kafka_edge.records import encode_batch, read_batches
 
 RECORDS = [
     (b"/stocks/ibm", b'{"type":"publish"}', []),

@@ -1,4 +1,4 @@
-"""The sink's producer to the deliveries topic (``streaming.kafka_out``), against the real dev broker."""
+"""The sink's producer to the deliveries topic (``kafka_edge.ThreadedLog``), against a real Kafka node."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from deploy.broker import DevBroker
+from deploy.broker import KafkaBroker
+from kafka_edge import ThreadedLog
 from schemas.config import KafkaConfig, load_config
 from schemas.events import Acked, AckedBatch, decode, decode_all
-from streaming.kafka_out import DeliveriesLog
 from streaming.sink import ACKED_PER_RECORD, CommandSink
 from tests.conftest import kafka_config
 
@@ -39,7 +39,7 @@ def test_records_land_in_order_on_their_keys_partition_and_a_pinned_one_on_its_o
     """Where kafka-python's producer (and Kafka's Java client) would put them: each account's
     ``Deliver``/``Acked`` records on one partition, in the order sent; ``Progress`` on each partition."""
     config = _config(broker.bootstrap)
-    log = DeliveriesLog(config, client_id="test-sink")
+    log = ThreadedLog(config, config.deliveries_topic, client_id="test-sink")
     try:
         assert log.partitions == [0, 1, 2]
         accounts = [b"alice", b"bob", b"carol", b"dave"]
@@ -56,11 +56,11 @@ def test_records_land_in_order_on_their_keys_partition_and_a_pinned_one_on_its_o
         assert _read(config, partition, len(expected)) == expected
 
 
-def test_records_kafka_cannot_take_are_reported_by_their_delivery_timeout():
+def test_records_kafka_cannot_take_are_reported_by_their_delivery_timeout(tmp_path):
     """The sink fails its batch on them (and Spark runs it again): nothing is taken as sent."""
-    with DevBroker() as own:
+    with KafkaBroker(tmp_path / "kafka") as own:
         config = _config(own.bootstrap, partitions=1, delivery_timeout_ms=1500)
-        log = DeliveriesLog(config, client_id="test-sink")
+        log = ThreadedLog(config, config.deliveries_topic, client_id="test-sink")
         try:
             assert log.wait([log.send([(b"bob", b"before", None)])]) == []
             own.stop()

@@ -1,12 +1,12 @@
-"""The sink's appends to ``smqp.deliveries``: the gateway's own producer, on an event loop of its own.
+"""Appends from threads that have no event loop: a :class:`DurableLog` on a loop of its own.
 
-Why not kafka-python's ``KafkaProducer``: its ``send`` costs ~49 µs of CPU per record (measured on
-this box against the dev broker: 50,000 ``Deliver`` records of 539 bytes, send + flush; this: ~7), and a
-fan-out of 5,000 messages to 10 subscribers makes 50,000 ``Deliver`` records (and 50,000 ``Acked``,
-which the sink joins into a few ``AckedBatch`` records) — seconds of the job's CPU on the cores the
-gateways share.  :class:`gateway.kafka_io.DurableLog`
-appends whole record batches of its own encoding (``gateway.kafka_records``), a few µs per record,
-with the same partitioning (murmur2 of the key, as Kafka's default partitioner) and acks=all.
+The streaming job's sink (Spark's foreachBatch, a plain thread) appends to the deliveries topic
+with it.  Why not kafka-python's ``KafkaProducer``: its ``send`` costs ~49 µs of CPU per record
+(measured on this machine: 50,000 records of 539 bytes, send + flush; this: ~7), and a fan-out of
+5,000 messages to 10 subscribers makes 50,000 records to append, seconds of CPU on cores the
+gateways share.  :class:`~kafka_edge.append.DurableLog` appends whole record batches of its own
+encoding (:mod:`kafka_edge.records`), a few µs per record, with the same partitioning (murmur2 of
+the key, as Kafka's default partitioner) and acks=all.
 """
 
 from __future__ import annotations
@@ -15,33 +15,30 @@ import asyncio
 import concurrent.futures
 import threading
 
-from gateway.kafka_io import Cluster, DurableLog
-from schemas.config import KafkaConfig
+from kafka_edge.append import DurableLog
+from kafka_edge.cluster import Cluster
+from kafka_edge.settings import ClientSettings
 
 #: Seconds a flush waits for Kafka beyond the configured delivery timeout before failing the batch.
 _FLUSH_GRACE_S = 5.0
 
 
-class DeliveriesLog:
-    """Appends to the deliveries topic from any thread; each :meth:`send` is one future for all its
-    records."""
+class ThreadedLog:
+    """Appends to ``topic`` from any thread; each :meth:`send` is one future for all its records."""
 
-    def __init__(self, config: KafkaConfig, client_id: str):
-        self._config = config
-        self._cluster = Cluster(config, client_id=client_id)
+    def __init__(self, settings: ClientSettings, topic: str, client_id: str):
+        self._settings = settings
+        self._topic = topic
+        self._cluster = Cluster(settings, client_id=client_id)
         self._log: DurableLog | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{client_id}-kafka", daemon=True)
         self._thread.start()
         try:
-            self._log = self._run(self._open()).result()
+            self._log = self._run(DurableLog.open(settings, self._cluster, topic)).result()
         except BaseException:
             self.close()
             raise
-
-    async def _open(self) -> DurableLog:
-        topic = self._config.deliveries_topic
-        return DurableLog(self._config, self._cluster, await self._cluster.partitions(topic), topic=topic)
 
     async def _close(self) -> None:
         if self._log is not None:
@@ -71,7 +68,7 @@ class DeliveriesLog:
 
     def wait(self, sends: list[concurrent.futures.Future]) -> list[BaseException]:
         """The errors of ``sends`` once all are settled (each record fails by its delivery timeout)."""
-        timeout = self._config.delivery_timeout_ms / 1000 + _FLUSH_GRACE_S
+        timeout = self._settings.delivery_timeout_ms / 1000 + _FLUSH_GRACE_S
         errors = []
         for send in sends:
             try:

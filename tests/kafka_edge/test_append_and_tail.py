@@ -1,6 +1,6 @@
-"""The gateway's Kafka edges against the real dev broker: appends batched by the event loop come
-back durable, in order, with their offsets; tails read them from the start; an append Kafka
-cannot take fails once its delivery timeout has passed."""
+"""The Kafka edge against a real Kafka node: appends batched by the event loop come back durable,
+in order, with their offsets; tails read them from the start, and a new record as soon as it
+is appended; an append Kafka cannot take fails once its delivery timeout has passed."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ import pytest
 from kafka.protocol.consumer import FetchRequest
 from kafka.record.memory_records import MemoryRecords
 
-from deploy.broker import DevBroker
-from gateway.kafka_io import (FETCH_VERSION, Appended, Cluster, DurableLog, Tail, deliveries_tail, next_wait_ms,
-                              read_acks_since)
+from deploy.broker import KafkaBroker
+from kafka_edge import Appended, Cluster, DurableLog, Tail
+from kafka_edge.tail import FETCH_VERSION
 from schemas.config import KafkaConfig
-from schemas.events import Ack, Sync
 from tests.conftest import kafka_config
 
 
 def _config(bootstrap: str, partitions: int = 1, **kafka) -> KafkaConfig:
-    return kafka_config(bootstrap, commands_partitions=partitions, **kafka)
+    return kafka_config(bootstrap, commands_partitions=partitions, ack_partition=False, **kafka)
 
 
 async def _read_all(config: KafkaConfig, cluster: Cluster) -> list[tuple[int, bytes, bytes]]:
@@ -40,8 +39,8 @@ def test_concurrent_appends_share_requests_and_come_back_in_order_with_their_off
     config = _config(broker.bootstrap)
 
     async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
         try:
             values = [f"record {i}".encode() for i in range(3000)]
             appended = []
@@ -79,8 +78,8 @@ def _appending_apart(broker, linger_flags: list[bool], **kafka) -> tuple[list[li
     config = _config(broker.bootstrap, **kafka)
 
     async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
         try:
             await log.append(b"", b"warm-up")  # the connection is open before the clock starts
             started, futures = time.monotonic(), []
@@ -127,8 +126,8 @@ def test_keyed_appends_land_on_the_partition_kafkas_default_partitioner_picks(br
     config = _config(broker.bootstrap, partitions=3)
 
     async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
         try:
             for key in (b"/a/b", b"bob", b"alice", b"/stocks/ibm") * 2:  # the second time from its memory
                 place = await log.append(key, b"x")
@@ -141,13 +140,13 @@ def test_keyed_appends_land_on_the_partition_kafkas_default_partitioner_picks(br
     asyncio.run(scenario())
 
 
-def test_an_append_kafka_cannot_take_fails_after_the_delivery_timeout():
-    with DevBroker() as own:
+def test_an_append_kafka_cannot_take_fails_after_the_delivery_timeout(tmp_path):
+    with KafkaBroker(tmp_path / "kafka") as own:
         config = _config(own.bootstrap, delivery_timeout_ms=1500)
 
         async def scenario():
-            cluster = Cluster(config)
-            log = await DurableLog.open(config, cluster)
+            cluster = Cluster(config, client_id="test")
+            log = await DurableLog.open(config, cluster, config.commands_topic)
             try:
                 await log.append(None, b"before")
                 own.stop()
@@ -164,36 +163,16 @@ def test_an_append_kafka_cannot_take_fails_after_the_delivery_timeout():
         asyncio.run(scenario())
 
 
-def test_acks_since_the_jobs_progress_are_read_back_at_start(broker):
+
+
+def test_a_tail_far_behind_reads_every_record_of_many_small_batches(broker):
+    """A gateway's start-up fold: 30,000 records in 10,000 record batches, read from offset 0."""
     config = _config(broker.bootstrap)
-
-    async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
-        try:
-            early = await log.append(b"bob", Ack("bob", "g", 1, 0).to_bytes())
-            await log.append(b"", Sync("s").to_bytes(), partition=0)
-            await log.append(b"bob", Ack("bob", "g", 2, 0).to_bytes())
-            acks = await read_acks_since(config, cluster, {"0": early.offset + 1})
-            assert [ack.smuid for ack in acks] == [2]
-            assert [ack.smuid for ack in await read_acks_since(config, cluster, {})] == [1, 2]
-        finally:
-            await log.close()
-            cluster.close()
-
-    asyncio.run(scenario())
-
-
-def test_a_tail_far_behind_catches_up_although_the_broker_cannot_gather_a_fetch_within_its_wait(broker):
-    """The dev broker answers a fetch empty when gathering its records takes longer than the fetch's
-    max wait (it grows with the record batches it holds): a tail behind 10,000 small batches with a
-    1 ms wait must still read everything, not ask forever."""
-    config = _config(broker.bootstrap, fetch_max_wait_ms=1)
     values = [f"record {i:06d}".encode() for i in range(30_000)]
 
     async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
         try:
             for chunk in range(0, len(values), 3):  # a batch per request, as a lightly loaded gateway appends
                 await asyncio.gather(*(log.append(None, v) for v in values[chunk:chunk + 3]))
@@ -202,11 +181,6 @@ def test_a_tail_far_behind_catches_up_although_the_broker_cannot_gather_a_fetch_
             reader.start()
             try:
                 await asyncio.wait_for(reader.ready.wait(), 60)
-                for _ in range(500):  # caught up: the next fetch finds nothing more and waits as configured
-                    if reader.max_wait_ms == 1:
-                        break
-                    await asyncio.sleep(0.01)
-                assert reader.max_wait_ms == 1
             finally:
                 await reader.stop()
             assert read == values
@@ -217,79 +191,59 @@ def test_a_tail_far_behind_catches_up_although_the_broker_cannot_gather_a_fetch_
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("current, got_records, behind, expected", [
-    (10, False, True, 20),     # answered empty for lack of time: wait longer
-    (4000, False, True, 5000),  # up to a bound
-    (0, False, True, 1),       # from a zero wait too
-    (80, True, True, 40),      # records came: back towards the configured wait
-    (12, True, False, 10),     # never under it
-    (640, False, False, 10),   # idle: the configured wait, the next record's latency
-])
-def test_the_fetch_wait_grows_while_the_broker_answers_late_and_returns_once_it_does_not(
-        current, got_records, behind, expected):
-    configured = 0 if current == 0 else 10
-    assert next_wait_ms(current, configured, got_records, behind) == expected
-
-
-def test_a_caught_up_tail_pauses_after_reading_records_unless_someone_waits_for_them(broker):
-    """After a fetch that brought records, a tail at the end waits before asking again (a multiple
-    of that fetch's duration, at most 0.5 s: each such fetch costs the dev broker a walk over the
-    partition), so a record appended meanwhile is read late; a nudge, as the gateway gives when it
-    waits for its own control event, ends the pause at once."""
-    config = _config(broker.bootstrap, fetch_max_wait_ms=10, tail_pause_factor=1_000_000)
+def test_a_caught_up_tail_reads_a_new_record_when_it_is_appended_not_when_its_fetch_wait_ends(broker):
+    """Kafka answers a waiting fetch the moment a record arrives, so a long ``fetch_max_wait_ms``
+    (here 20 s) costs an idle tail no latency: each record is read long before the wait is over."""
+    config = _config(broker.bootstrap, fetch_max_wait_ms=20_000)
 
     async def scenario():
-        cluster = Cluster(config)
-        log = await DurableLog.open(config, cluster)
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
         arrived: dict[bytes, float] = {}
         reader = Tail(config, cluster, config.commands_topic,
                       lambda values: arrived.update((v, time.monotonic()) for v in values),
                       lambda offset, key, value: value)
         reader.start()
-
-        async def read_after_append(value: bytes, nudge: bool) -> float:
-            appended = time.monotonic()
-            await log.append(None, value)
-            if nudge:
-                reader.nudge()
-            for _ in range(300):
-                if value in arrived:
-                    return arrived[value] - appended
-                await asyncio.sleep(0.01)
-            raise AssertionError(f"{value!r} not read within 3 s")
-
         try:
             await asyncio.wait_for(reader.ready.wait(), 30)
-            await read_after_append(b"first", nudge=False)
-            paused = await read_after_append(b"during the pause", nudge=False)
-            nudged = await read_after_append(b"nudged", nudge=True)
-            return paused, nudged
+            waits = []
+            for value in (b"first", b"second", b"third"):
+                await asyncio.sleep(0.5)  # the tail's fetch is waiting at the broker
+                appended = time.monotonic()
+                await log.append(None, value)
+                await asyncio.wait_for(_until(lambda: value in arrived), 15)
+                waits.append(arrived[value] - appended)
+            return waits
         finally:
             await reader.stop()
             await log.close()
             cluster.close()
 
-    paused, nudged = asyncio.run(scenario())
-    assert 0.3 < paused < 1.0
-    assert nudged < 0.2
+    waits = asyncio.run(scenario())
+    print(f"appended → read: {', '.join(f'{w * 1000:.1f} ms' for w in waits)}")
+    assert max(waits) < 10  # half the fetch's wait: answered by the record, not by the timeout
 
 
-def test_the_deliveries_tail_idles_at_its_own_longer_fetch_wait(broker):
-    """The deliveries topic is off the NOTIFY path of what a gateway routes itself, so its tail
-    asks the broker less often while idle (each fetch costs the dev broker a walk over the
-    partition); the commands tail keeps the short wait that bounds routing latency."""
-    config = _config(broker.bootstrap, fetch_max_wait_ms=10, deliveries_fetch_max_wait_ms=300)
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_a_cluster_learns_each_topic_it_is_asked_about(broker):
+    """Asked about one topic, then another, a client knows both (metadata is asked for the topics
+    in use, not a fixed list), and appends to each."""
+    first, second = _config(broker.bootstrap), _config(broker.bootstrap, partitions=2)
 
     async def scenario():
-        cluster = Cluster(config)
-        tail = deliveries_tail(config, cluster, lambda items: None)
-        tail.start()
+        cluster = Cluster(first, client_id="test")
         try:
-            await asyncio.wait_for(tail.ready.wait(), 30)
-            await asyncio.sleep(1.0)  # a few idle fetches
-            return tail.max_wait_ms
+            assert await cluster.partitions(first.commands_topic) == [0]
+            assert await cluster.partitions(second.commands_topic) == [0, 1]
+            assert await cluster.partitions(first.deliveries_topic) == [0]
+            log = await DurableLog.open(first, cluster, second.commands_topic)
+            assert (await log.append(None, b"x", partition=1)).partition == 1
+            await log.close()
         finally:
-            await tail.stop()
             cluster.close()
 
-    assert asyncio.run(scenario()) == 300
+    asyncio.run(scenario())

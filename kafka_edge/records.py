@@ -1,6 +1,6 @@
-"""Kafka record batches (format v2) written and read on the gateway's hot path.
+"""Kafka record batches (format v2), written and read without an object per record.
 
-Every guaranteed PUB is written once into a record batch and read back once
+In this project every guaranteed PUB is written once into a record batch and read back once
 by the gateway's fold of commands partition 0 (and every delivery once more
 by its deliveries tail).  kafka-python's ``DefaultRecordBatchBuilder`` and
 ``MemoryRecords`` call a Python function per varint and build an object per

@@ -1,0 +1,174 @@
+"""Tails: partitions of a topic read in the event loop, from their start or from given offsets.
+
+A tail hands each fetched batch to its callback, converted record by record.  Each fetch waits at
+the broker until a record is there (``fetch_min_bytes``), at most ``fetch_max_wait_ms``: Kafka
+answers the moment a record is appended, so the wait costs no latency, and an idle tail asks
+twice a second.  Where a partition ends is the high watermark every fetch answer carries, so
+knowing that the tail has caught up costs no request of its own.  Partitions are assigned, not
+joined as a consumer group: every reader here wants every record of its partitions, and keeps
+its own position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Callable
+
+import kafka.errors as Errors
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+
+from kafka_edge.cluster import Cluster
+from kafka_edge.connection import BrokerConnection, backoff
+from kafka_edge.records import read_batches
+from kafka_edge.settings import ClientSettings
+
+log = logging.getLogger(__name__)
+
+#: Bytes one fetch may bring back, per partition and in all: a tail catching up on a burst holds
+#: no more than this (and its records) at once.
+FETCH_MAX_BYTES = 1 << 20
+#: The highest request versions used: the last ones naming topics by name (later ones use topic ids).
+FETCH_VERSION, LIST_OFFSETS_VERSION = 11, 5
+EARLIEST = -2  # ListOffsets: the log start offset
+
+
+class Tail:
+    """Reads partitions of a topic from their start (or from given offsets) in the event loop,
+    handing each fetched batch to ``on_batch``: what ``convert(offset, key, value)`` made of each
+    record (None drops it), in offset order per partition.  ``ready`` is set once the records
+    present when it started have been read (every partition at its high watermark)."""
+
+    def __init__(self, settings: ClientSettings, cluster: Cluster, topic: str, on_batch: Callable[[list], None],
+                 convert: Callable, *, partitions: list[int] | None = None, name: str = "tail",
+                 start: dict[int, int] | None = None):
+        self._settings = settings
+        self._cluster = cluster
+        self._topic = topic
+        self._on_batch = on_batch
+        self._convert = convert
+        self._partitions = partitions
+        self._start = start or {}
+        self.name = name
+        self.ready = asyncio.Event()
+        self.positions: dict[int, int] = {}
+        self.high_watermarks: dict[int, int] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # its owner cannot work without it
+            log.error("%s stopped", self.name, exc_info=task.exception())
+            asyncio.get_running_loop().stop()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def caught_up(self) -> bool:
+        return bool(self.positions) and all(
+            self.positions[p] >= self.high_watermarks.get(p, float("inf")) for p in self.positions)
+
+    async def _run(self) -> None:
+        partitions = self._partitions
+        if partitions is None:
+            partitions = await retrying(lambda: self._cluster.partitions(self._topic), self.name)
+        self.positions = {p: self._start.get(p, 0) for p in partitions}
+        attempt = 0
+        while True:
+            try:
+                await self._fetch_once()
+                attempt = 0
+            except Errors.KafkaError as error:
+                if attempt == 0:
+                    log.warning("%s: %s; retrying", self.name, error)
+                if isinstance(error, Errors.InvalidMetadataError):
+                    with contextlib.suppress(Errors.KafkaError):
+                        await self._cluster.refresh()
+                await asyncio.sleep(backoff(attempt))
+                attempt += 1
+            if self.caught_up:
+                self.ready.set()
+
+    async def _fetch_once(self) -> None:
+        """One fetch from each leader of our partitions, handed on in partition order."""
+        by_leader: dict[int | None, list[int]] = {}
+        for partition in self.positions:
+            by_leader.setdefault(await self._cluster.leader_node(self._topic, partition), []).append(partition)
+        answers = await asyncio.gather(*(self._fetch(partitions) for partitions in by_leader.values()))
+        items = [item for answer in answers for item in answer]
+        if not items:
+            return
+        try:
+            self._on_batch(items)
+        except Exception:  # a bug handling some records must not stop the tail for all the others
+            log.exception("%s: handling %d records failed", self.name, len(items))
+
+    async def _fetch(self, partitions: list[int]) -> list:
+        connection = await self._cluster.leader(self._topic, partitions[0], self.name)
+        fetch = FetchRequest.FetchTopic
+        wait_ms = self._settings.fetch_max_wait_ms
+        request = FetchRequest(
+            replica_id=-1, max_wait_ms=wait_ms, min_bytes=self._settings.fetch_min_bytes,
+            max_bytes=FETCH_MAX_BYTES, isolation_level=0, max_version=FETCH_VERSION,
+            topics=[fetch(topic=self._topic, partitions=[fetch.FetchPartition(
+                partition=p, fetch_offset=self.positions[p], partition_max_bytes=FETCH_MAX_BYTES)
+                for p in partitions])])
+        response = await connection.call(request, self._cluster.request_timeout + wait_ms / 1000)
+        items = []
+        for answer in response.responses[0].partitions:
+            partition = answer.partition_index
+            error = Errors.for_code(answer.error_code)
+            if error is Errors.OffsetOutOfRangeError:  # deleted by retention: go on from the earliest kept
+                self.positions[partition] = await self._earliest(connection, partition)
+                continue
+            if error is not Errors.NoError:
+                raise error(f"fetching {self._topic}/{partition}")
+            self.high_watermarks[partition] = answer.high_watermark
+            items += self._records(partition, answer.records)
+        return items
+
+    def _records(self, partition: int, data: bytes | None) -> list:
+        """The converted records of one partition's fetched bytes, past its position; the position
+        moves past every complete batch (control batches and records before it included)."""
+        items, position, convert = [], self.positions[partition], self._convert
+        for batch in read_batches(data or b"", f"{self._topic}/{partition}"):
+            for offset, key, value in batch.records:
+                if offset >= position and (item := convert(offset, key, value)) is not None:
+                    items.append(item)
+            position = max(position, batch.next_offset)
+        self.positions[partition] = position
+        return items
+
+    async def _earliest(self, connection: BrokerConnection, partition: int) -> int:
+        topic = ListOffsetsRequest.ListOffsetsTopic
+        request = ListOffsetsRequest(replica_id=-1, isolation_level=0, max_version=LIST_OFFSETS_VERSION, topics=[
+            topic(name=self._topic, partitions=[topic.ListOffsetsPartition(partition_index=partition,
+                                                                            timestamp=EARLIEST)])])
+        response = await connection.call(request, self._cluster.request_timeout)
+        answer = response.topics[0].partitions[0]
+        if answer.error_code:
+            raise Errors.for_code(answer.error_code)(f"earliest offset of {self._topic}/{partition}")
+        log.warning("%s: %s/%d starts at %d (older records deleted)", self.name, self._topic, partition, answer.offset)
+        return answer.offset
+
+
+async def retrying(attempt_once, name: str):
+    """``await attempt_once()`` until it does not fail with a Kafka error, backing off between tries."""
+    attempt = 0
+    while True:
+        try:
+            return await attempt_once()
+        except Errors.KafkaError as error:
+            if attempt == 0:
+                log.warning("%s: %s; retrying", name, error)
+            await asyncio.sleep(backoff(attempt))
+            attempt += 1
+
