@@ -18,6 +18,7 @@ each append first, as RabbitMQ does for persistent messages).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -32,8 +33,11 @@ from typing import Iterator
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.protocol.metadata import MetadataRequest
 
 from deploy.jars import classpath
+from kafka_edge.cluster import METADATA_VERSION
+from kafka_edge.connection import BrokerConnection
 from schemas.config import KafkaConfig, LocalKafkaConfig
 
 #: Topic settings of the commands and deliveries topics (deploy/kafka-topics.md says why).  The
@@ -154,7 +158,7 @@ class KafkaBroker:
         self.formatted = False
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         result = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
                                            heap="256m"), capture_output=True, text=True)
         if result.returncode != 0:
@@ -177,8 +181,9 @@ class KafkaBroker:
         return self
 
     def _wait_until_serving(self, timeout: float) -> None:
-        """Until a client can ask the node for its topics (the port opens before the controller is
-        elected and the broker registered)."""
+        """Until the node answers a Metadata request naming itself as a broker (its port opens
+        before the controller is elected and the broker registered).  Asked on its own port, not
+        the advertised one, which may be a proxy not listening yet."""
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -186,17 +191,11 @@ class KafkaBroker:
                 raise BrokerError(f"Kafka exited with code {self.process.returncode} at start; "
                                   f"see {self.log_path}:\n{_tail(self.log_path)}")
             try:
-                wait_for_port("127.0.0.1", self.port, timeout=max(0.1, deadline - time.monotonic()))
-                admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{self.port}", client_id="smqp-broker-check",
-                                         request_timeout_ms=5000)
-                try:
-                    admin.list_topics()
+                if asyncio.run(_registered_brokers(self.port)):
                     return
-                finally:
-                    admin.close()
-            except (KafkaError, TimeoutError, OSError) as error:
+            except (KafkaError, OSError) as error:
                 last_error = error
-                time.sleep(0.1)
+            time.sleep(0.1)
         raise BrokerError(f"Kafka did not serve on 127.0.0.1:{self.port} within {timeout:g}s ({last_error}); "
                           f"see {self.log_path}:\n{_tail(self.log_path)}")
 
@@ -235,6 +234,24 @@ def scratch_broker(**options) -> Iterator[KafkaBroker]:
         yield broker
 
 
+def _cluster_id() -> str:
+    """A random cluster id as Kafka writes them (URL-safe base64 of 16 bytes), never starting with
+    ``-``, which the format tool would take for an option (Kafka's own ``Uuid.randomUuid`` skips those)."""
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster_id
+
+
+async def _registered_brokers(port: int) -> int:
+    """How many brokers the node on ``port`` names in its metadata (0 until it has registered)."""
+    connection = await BrokerConnection.open("127.0.0.1", port, "smqp-broker-check", timeout=2.0)
+    try:
+        response = await connection.call(MetadataRequest(topics=[], max_version=METADATA_VERSION), 2.0)
+        return len(response.brokers)
+    finally:
+        connection.close()
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -246,7 +263,7 @@ def create_topics(config: KafkaConfig) -> None:
     wait until they can be used; existing ones are left as they are."""
     admin = KafkaAdminClient(bootstrap_servers=config.bootstrap, client_id="smqp-admin")
     try:
-        for name, partitions in ((config.commands_topic, config.commands_topic_partitions),
+        for name, partitions in ((config.commands_topic, config.commands_partitions),
                                  (config.deliveries_topic, config.deliveries_partitions)):
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics([NewTopic(name, partitions, 1, topic_configs=TOPIC_SETTINGS)])
