@@ -50,7 +50,7 @@ mkdir -p "$build"
 import pathlib, sys, zipfile
 root, target = pathlib.Path(sys.argv[1]), sys.argv[2]
 with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-    for package in ("schemas", "streaming"):
+    for package in ("schemas", "streaming", "kafka_edge"):
         for path in sorted((root / package).rglob("*.py")):
             archive.write(path, path.relative_to(root))
 PY
