@@ -19,9 +19,8 @@ seconds rather than one per batch.
 Kafka lag: ``latest - end`` per partition.  ``latest`` is the source's own
 ``latestOffset`` when it reports one (Spark's Kafka source does); the
 ``smqp_kafka`` source is a simple stream reader, for which Spark reports none,
-so the recorder asks the broker itself — the high watermark from a fetch
-response, since ListOffsets under-reports on the tansu dev broker — with one
-consumer kept for the recorder's lifetime.  The lag is therefore what the log
+so the recorder asks the broker itself (ListOffsets), with one consumer kept
+for the recorder's lifetime.  The lag is therefore what the log
 held beyond the batch's end when the progress event was handled.
 """
 
@@ -158,50 +157,25 @@ def end_partitions(progress: Mapping[str, Any]) -> dict[int, int]:
 
 
 class KafkaEnds:
-    """The end (high watermark) of a topic's partitions, from a fetch response.
-
-    ListOffsets(latest) under-reports on tansu, so this seeks to a known
-    position, fetches (at most one record, offsets untouched) and reads the
-    high watermark the response carried.  One consumer for the probe's
-    lifetime, created on first use.
-    """
+    """The end (high watermark) of a topic's partitions, asked of the broker (ListOffsets).
+    One consumer for the probe's lifetime, created on first use."""
 
     def __init__(self, bootstrap: str, topic: str, timeout_s: float = 3.0):
         self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
         self._consumer = None
 
     def ends(self, positions: Mapping[int, int]) -> dict[int, int]:
-        """High watermark per partition of ``positions`` (partition → an offset to fetch from)."""
+        """High watermark per partition of ``positions`` (partition → the batch's end there)."""
         from kafka import KafkaConsumer, TopicPartition
 
         if not positions:
             return {}
         if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                fetch_max_wait_ms=10, max_partition_fetch_bytes=1024, fetch_max_bytes=1024,
-                client_id="smqp-metrics-lag",
-            )
-        consumer = self._consumer
+            self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                           client_id="smqp-metrics-lag")
         tps = {p: TopicPartition(self.topic, p) for p in positions}
-        if set(consumer.assignment()) != set(tps.values()):
-            consumer.assign(list(tps.values()))
-        before = {p: consumer.highwater(tp) for p, tp in tps.items()}
-        for p, tp in tps.items():
-            consumer.seek(tp, positions[p])
-        deadline = time.monotonic() + self.timeout_s
-        # Poll until every partition answered a fetch made after the seek: a
-        # changed high watermark proves it; an unchanged one is trusted after
-        # two polls (the log simply did not grow).
-        polls = 0
-        while True:
-            consumer.poll(timeout_ms=50, max_records=1, update_offsets=False)
-            polls += 1
-            now = {p: consumer.highwater(tp) for p, tp in tps.items()}
-            if all(v is not None for v in now.values()) and (polls >= 2 or now != before):
-                return {p: int(v) for p, v in now.items()}
-            if time.monotonic() > deadline:
-                return {p: int(v) for p, v in now.items() if v is not None}
+        ends = self._consumer.end_offsets(list(tps.values()), timeout_ms=int(self.timeout_s * 1000))
+        return {p: int(ends[tp]) for p, tp in tps.items() if ends.get(tp) is not None}
 
     def close(self) -> None:
         if self._consumer is not None:
