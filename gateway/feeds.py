@@ -25,17 +25,15 @@ log = logging.getLogger(__name__)
 
 
 async def open_commands_log(config: KafkaConfig, cluster: Cluster) -> DurableLog:
-    """The appends to the commands topic; fails if Kafka cannot be reached, or the topic has fewer
-    partitions than the configuration appends to."""
+    """The appends to the commands topic; fails if Kafka cannot be reached, or the topic has another
+    number of partitions than the configuration says."""
     partitions = await cluster.partitions(config.commands_topic)
-    if len(partitions) < config.commands_topic_partitions:
+    if len(partitions) != config.commands_partitions:
         raise Errors.UnknownTopicOrPartitionError(
             f"Kafka topic {config.commands_topic!r} has {len(partitions)} partition(s); this configuration "
-            f"needs {config.commands_topic_partitions} ([kafka] commands_partitions = {config.commands_partitions}"
-            f"{', and one for ACKs: ack_partition = true' if config.ack_partition else ''}); "
-            "see deploy/kafka-topics.md")
-    # a key picks among all partitions but the ACKs' own
-    return DurableLog(config, cluster, config.commands_topic, partitions, keyed=partitions[:config.commands_partitions])
+            f"appends to {config.commands_partitions} ([kafka] commands_partitions): a key would pick another "
+            "partition than the job and the other gateways expect; see deploy/kafka-topics.md")
+    return DurableLog(config, cluster, config.commands_topic, partitions)
 
 
 class RawPublish(NamedTuple):

@@ -72,7 +72,7 @@ from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Rep
 from gateway.ual import AccessList
 from kafka_edge import Cluster, DurableLog, Tail
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import (AFTER_HEADER, Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync,
+from schemas.events import (Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync,
                             decode)
 from schemas.queue_params import TopicSettings
 
@@ -283,9 +283,7 @@ class Connection:
         self.pipelines = self.pipelines or self.unsettled > 0
         linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
-        partition = None if ack is None else self.gateway.config.kafka.ack_partition_index  # None: by its key
-        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger, partition=partition,
-                                         headers=None if partition is None else self.gateway.ack_headers())
+        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:
@@ -863,11 +861,6 @@ class Gateway:
             else:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
-
-    def ack_headers(self) -> list[tuple[str, bytes]]:
-        """The :data:`AFTER_HEADER` of an ACK appended now: the fold's end, past the publish of any
-        delivery this gateway routed itself (the job's own are behind the job already)."""
-        return [(AFTER_HEADER, str(self.registry.applied + 1).encode())]
 
     async def folded(self, offset: int) -> None:
         """Wait until the registry has folded partition 0 up to ``offset``."""

@@ -74,17 +74,15 @@ class DurableLog:
     """Appends to the partitions of one topic; an append completes once Kafka acked it (acks=all).
 
     Records are batched per partition by the event loop (see the module docstring).  A record
-    given no partition goes by its key, among ``keyed`` (all ``partitions`` by default), as
-    Kafka's default partitioner does.
+    given no partition goes by its key, as Kafka's default partitioner places it.
     """
 
-    def __init__(self, settings: ClientSettings, cluster: Cluster, topic: str, partitions: list[int],
-                 keyed: list[int] | None = None):
+    def __init__(self, settings: ClientSettings, cluster: Cluster, topic: str, partitions: list[int]):
         self._settings = settings
         self._cluster = cluster
         self._topic = topic
         self._lanes = {p: _Lane(p) for p in partitions}
-        self._keyed = keyed or sorted(partitions)
+        self._keyed = sorted(partitions)
         self._partition_of: dict[bytes, int] = {}
         self._tasks: set[asyncio.Task] = set()
 

@@ -34,22 +34,6 @@ class KafkaConfig:
     fetch_max_wait_ms: int = 500
     # a gateway's fetch is answered once this many bytes are there, or after fetch_max_wait_ms
     fetch_min_bytes: int = 1
-    # ACKs go to a partition of their own, the commands topic's last (it then has commands_partitions + 1):
-    # a gateway's registry fold reads partition 0 only, so a drain's ACKs cost it nothing (on the dev broker
-    # each fetch that finds records walks the whole partition).  Each ACK carries a ``smqp.after`` header,
-    # the partition-0 offset its publish lies below, and the job's source reads it no earlier (Property 3);
-    # Spark's built-in Kafka source cannot, so [streaming] source = "kafka" needs this off
-    ack_partition: bool = True
-
-    @property
-    def ack_partition_index(self) -> int | None:
-        """The commands topic's partition of ACKs, or None when they share the others."""
-        return self.commands_partitions if self.ack_partition else None
-
-    @property
-    def commands_topic_partitions(self) -> int:
-        """How many partitions the commands topic has: ``commands_partitions``, and the ACKs' own."""
-        return self.commands_partitions + (1 if self.ack_partition else 0)
 
 
 @dataclass(frozen=True)
@@ -190,9 +174,6 @@ class SMQPConfig:
         from schemas.queue_params import TopicSettings
 
         TopicSettings(self.topics)  # a bad [topics."/…"] entry fails at start-up, naming itself
-        if self.kafka.ack_partition and self.streaming.source == "kafka":
-            raise ValueError("[streaming] source = \"kafka\" needs [kafka] ack_partition = false: Spark's built-in "
-                             "Kafka source cannot hold an ACK back until the job has read its publish")
 
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""

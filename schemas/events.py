@@ -189,21 +189,14 @@ class Unsubscribe(_Event):
 class Ack(_Event):
     """A subscriber's ``310 ACK`` of a NOTIFY, made durable before the server's ``310 ACK``.
 
-    With ``[kafka] ack_partition`` (the default) it goes to the commands topic's partition of ACKs
-    with an :data:`AFTER_HEADER`."""
+    Keyed by its account, it follows its message's publish in the commands log: with one commands
+    partition by the log's order, with more because the gateway NOTIFYs only what the job routed."""
 
     TYPE: ClassVar[str] = "ack"
     account: str
     guid: str
     smuid: int
     accepted_at: int
-
-
-#: Kafka header of a record in the commands topic's partition of ACKs: the partition-0 offset (ASCII
-#: decimal) its message's publish lies below.  The job reads the record only in a micro-batch that
-#: reads partition 0 that far, so an ACK never reaches it before its publish (Property 3): the gateway
-#: that NOTIFYs a publish it routed itself has folded it, and one the job routed is behind the job.
-AFTER_HEADER = "smqp.after"
 
 
 @dataclass

@@ -35,8 +35,7 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
     jars on the cluster (``--packages`` / ``--jars``).  Both read every
     partition of the commands topic from the earliest offset, at most
     ``max_records_per_batch`` records per micro-batch, and emit the same
-    columns (``schemas.spark.KAFKA_RECORD``); only ``smqp_kafka`` holds an ACK
-    back until its publish is read (``[kafka] ack_partition``).  ``failOnDataLoss``: a batch whose
+    columns (``schemas.spark.KAFKA_RECORD``).  ``failOnDataLoss``: a batch whose
     offsets retention already deleted fails the query instead of skipping
     commands silently — as ``smqp_kafka``'s replay does.
     """
@@ -58,8 +57,6 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
         "deferWhileBusyMs": str(round(streaming.defer_while_busy_s * 1000)),
         "busyGapMs": str(streaming.busy_gap_ms),
     }
-    if kafka.ack_partition_index is not None:
-        options["ackPartition"] = str(kafka.ack_partition_index)
     return "smqp_kafka", options
 
 

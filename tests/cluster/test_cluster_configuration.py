@@ -21,20 +21,11 @@ def test_the_default_source_is_ours_over_kafka_python():
                                                          "defer_while_busy_s": 1.5})
     assert source_options(config) == ("smqp_kafka", {
         "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000", "pollTimeoutMs": "20",
-        "deferWhileBusyMs": "1500", "busyGapMs": "200",
-        "ackPartition": "1"})  # the ACKs' own partition, after the one commands partition
-
-
-def test_without_an_ack_partition_our_source_reads_every_partition_alike():
-    config = load_config(env={"SMQP_KAFKA_ACK_PARTITION": "false"}, kafka={**KAFKA, "commands_partitions": 3})
-    assert config.kafka.commands_topic_partitions == 3
-    assert "ackPartition" not in source_options(config)[1]
-    with_acks = load_config(env={}, kafka={**KAFKA, "commands_partitions": 3})
-    assert (with_acks.kafka.commands_topic_partitions, source_options(with_acks)[1]["ackPartition"]) == (4, "3")
+        "deferWhileBusyMs": "1500", "busyGapMs": "200"})
 
 
 def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():
-    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka", "SMQP_KAFKA_ACK_PARTITION": "false"}, kafka=KAFKA,
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA,
                          streaming={"max_records_per_batch": 5000})
     assert source_options(config) == ("kafka", {
         "kafka.bootstrap.servers": "k1:9092,k2:9092",
@@ -55,12 +46,6 @@ def test_both_sources_emit_the_columns_of_sparks_kafka_source():
                    ("timestampType", IntegerType())]
     assert [(f.name, f.dataType) for f in KAFKA_RECORD.fields] == spark_kafka
     assert KafkaDataSource(options={}).schema() == KAFKA_RECORD
-
-
-def test_sparks_kafka_source_with_the_ack_partition_is_refused_saying_what_to_change():
-    """Spark's own Kafka source cannot hold an ACK back until its publish is read."""
-    with pytest.raises(ValueError, match="ack_partition = false"):
-        load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA)
 
 
 def test_an_unknown_source_is_refused_with_the_choices():
@@ -97,6 +82,6 @@ def test_without_the_spark_sql_kafka_jars_source_kafka_fails_at_start_naming_the
 
     from streaming.job import read_commands
 
-    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka", "SMQP_KAFKA_ACK_PARTITION": "false"}, kafka=KAFKA)
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA)
     with pytest.raises(AnalysisException, match="Kafka Integration Guide"):
         read_commands(spark, config)

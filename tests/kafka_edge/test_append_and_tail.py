@@ -19,7 +19,7 @@ from tests.conftest import kafka_config
 
 
 def _config(bootstrap: str, partitions: int = 1, **kafka) -> KafkaConfig:
-    return kafka_config(bootstrap, commands_partitions=partitions, ack_partition=False, **kafka)
+    return kafka_config(bootstrap, commands_partitions=partitions, **kafka)
 
 
 async def _read_all(config: KafkaConfig, cluster: Cluster) -> list[tuple[int, bytes, bytes]]:

@@ -42,12 +42,10 @@ def sink(config):
 
 
 def produce(config, events) -> None:
-    """As gateways append them: ACKs to the ACKs' partition, everything else to partition 0."""
+    """As gateways append them, to the one commands partition in order."""
     producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
     try:
-        futures = [producer.send(config.kafka.commands_topic, value=e.to_bytes(),
-                                 partition=config.kafka.ack_partition_index if isinstance(e, ev.Ack) else 0)
-                   for e in events]
+        futures = [producer.send(config.kafka.commands_topic, value=e.to_bytes(), partition=0) for e in events]
         producer.flush(timeout=30)
         for f in futures:
             f.get(timeout=30)

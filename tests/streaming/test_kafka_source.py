@@ -1,4 +1,4 @@
-"""The ``smqp_kafka`` source against the real dev broker (tansu) and real Spark."""
+"""The ``smqp_kafka`` source against a real Kafka node and real Spark."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from schemas import events as ev
 from schemas.config import load_config
-from schemas.events import AFTER_HEADER
 from schemas.spark import KAFKA_RECORD
 from streaming.job import source_options
 from streaming.kafka_source import KafkaDataSource, KafkaSourceError, KafkaStreamReader
@@ -280,14 +279,12 @@ def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_
         reader.stop()
 
 
-def append_acks_and_publishes(broker, topic: str, records: list[tuple[int, bytes, int | None]]) -> None:
-    """``(partition, value, after)`` in order, each acknowledged before the next is sent (as a
-    gateway appends an ACK only after its publish was durable); ``after`` is the ACK's header."""
+def append_in_order(broker, topic: str, records: list[tuple[int, bytes]]) -> None:
+    """``(partition, value)`` in order, each acknowledged before the next is sent."""
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
     try:
-        for partition, value, after in records:
-            headers = [] if after is None else [(AFTER_HEADER, str(after).encode())]
-            producer.send(topic, value=value, partition=partition, headers=headers).get(timeout=30)
+        for partition, value in records:
+            producer.send(topic, value=value, partition=partition).get(timeout=30)
     finally:
         producer.close(timeout=10)
 
@@ -296,128 +293,18 @@ def values(batches) -> list[bytes]:
     return [value for batch in batches for value in batch.column("value").to_pylist()]
 
 
-def test_an_ack_is_read_only_by_a_batch_that_reads_its_publish_and_acks_keep_their_order(broker):
-    """With ``ackPartition``, a record there whose ``smqp.after`` lies past what the batch reads
-    of partition 0 waits for a later batch, and every ACK after it waits too: the job never sees
-    an ACK before its publish (it would settle nothing, and the delivery stay pending for good)."""
-    topic = new_topic(broker)
-    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None), (0, b"publish-1", None),
-                                              (1, b"ack-of-publish-3", 4), (1, b"ack-of-publish-0", 1)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, catch_up_timeout_ms=500)
-    try:
-        batches, end = reader.read(reader.initialOffset())
-        assert (values(batches), end) == ([b"publish-0", b"publish-1"], {"0": 2, "1": 0})
-        batches, again = reader.read(end)  # nothing new in partition 0: the ACKs still wait
-        assert (values(batches), again) == ([], end)
-
-        append_acks_and_publishes(broker, topic, [(0, b"publish-2", None), (0, b"publish-3", None)])
-        batches, end = reader.read(end)
-        assert sorted(values(batches)) == [b"ack-of-publish-0", b"ack-of-publish-3", b"publish-2", b"publish-3"]
-        assert end == {"0": 4, "1": 2}
-        batches, again = reader.read(end)
-        assert (values(batches), again) == ([], end)
-    finally:
-        reader.stop()
-
-
-def test_held_acks_survive_batches_cut_short_by_the_limit_and_come_once_in_order(broker):
-    """ACKs marked to follow partition-0 records not there yet (a gateway's fold had read two more,
-    say, ticks, than this read sees): batches of 4 read partition 0 and leave every ACK, again and
-    again; once partition 0 reaches the mark the ACKs come, each once, in their order."""
-    topic = new_topic(broker)
-    append_acks_and_publishes(broker, topic, [(0, f"publish-{n}".encode(), None) for n in range(10)]
-                              + [(1, f"ack-{n}".encode(), 12) for n in range(6)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, max_records=4, catch_up_timeout_ms=500)
-    try:
-        read, start = [], reader.initialOffset()
-
-        def read_batches(count: int) -> None:
-            nonlocal start
-            for _ in range(count):
-                batches, start = reader.read(start)
-                batch = values(batches)
-                assert len(batch) <= 4  # the limit holds, held ACKs released or not
-                read.extend(batch)
-
-        read_batches(6)
-        assert (read, start) == ([f"publish-{n}".encode() for n in range(10)], {"0": 10, "1": 0})
-
-        append_acks_and_publishes(broker, topic, [(0, b"tick-10", None), (0, b"tick-11", None)])
-        read_batches(6)
-        assert read[10:] == [b"tick-10", b"tick-11"] + [f"ack-{n}".encode() for n in range(6)]
-        assert start == {"0": 12, "1": 6}
-    finally:
-        reader.stop()
-
-
-def test_acks_held_while_partition_0_streams_in_are_read_once_it_gets_there(broker):
-    """A long partition 0 read a few hundred records a batch, its ACKs all marked to follow its
-    end: they are held batch after batch, each time read again from the first held, and come as
-    soon as a batch reads partition 0 to its end."""
-    topic = new_topic(broker)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
-    try:
-        for n in range(4000):
-            producer.send(topic, value=b"publish-%d" % n, partition=0)
-        producer.flush(timeout=60)
-        for n in range(100):
-            producer.send(topic, value=b"ack-%d" % n, partition=1, headers=[(AFTER_HEADER, b"4000")])
-        producer.flush(timeout=60)
-    finally:
-        producer.close(timeout=10)
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, max_records=300, catch_up_timeout_ms=500)
-    try:
-        acks, start = [], reader.initialOffset()
-        for _ in range(40):
-            batches, end = reader.read(start)
-            batch_acks = [v for v in values(batches) if v.startswith(b"ack-")]
-            assert not batch_acks or end["0"] == 4000
-            acks += batch_acks
-            start = end
-            if end == {"0": 4000, "1": 100}:
-                break
-        assert (start, acks) == ({"0": 4000, "1": 100}, [b"ack-%d" % n for n in range(100)])
-    finally:
-        reader.stop()
-
-
-def test_each_read_of_a_backlog_takes_megabytes_of_partition_0_beside_the_acks_partition(broker):
-    """A job behind by 20,000 publishes of 650 bytes reads them in a few large batches, not in the
-    1 MiB a partition that kafka-python fetches by default (with a second partition in the fetch,
-    the dev broker keeps to it: ~1,600 publishes a batch, and a batch costs seconds of Spark)."""
-    topic = new_topic(broker)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
-    try:
-        for _ in range(20000):
-            producer.send(topic, value=b"x" * 650, partition=0)
-        producer.flush(timeout=60)
-    finally:
-        producer.close(timeout=10)
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1)
-    try:
-        start, sizes = reader.initialOffset(), []
-        for _ in range(3):
-            _, end = reader.read(start)
-            sizes.append(end["0"] - start["0"])
-            start = end
-        assert min(sizes[:2]) > 4000, sizes
-    finally:
-        reader.stop()
-
-
 def test_records_reaching_a_partition_that_was_at_its_end_are_read_while_another_moves(broker):
-    """The ACKs' partition at its end while partition 0 moves on: each ACK appended later is read by
-    the next batches, with its publish."""
+    """Partition 1 at its end while partition 0 moves on: each record appended there later is read
+    by the next batches."""
     topic = new_topic(broker)
-    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, catch_up_timeout_ms=500)
+    append_in_order(broker, topic, [(0, b"publish-0")])
+    reader = KafkaStreamReader(broker.bootstrap, topic, catch_up_timeout_ms=500)
     try:
         batches, end = reader.read(reader.initialOffset())
         assert (values(batches), end) == ([b"publish-0"], {"0": 1, "1": 0})
         read = []
         for n in range(1, 4):
-            append_acks_and_publishes(broker, topic, [(0, f"publish-{n}".encode(), None),
-                                                      (1, f"ack-{n - 1}".encode(), n)])
+            append_in_order(broker, topic, [(0, f"publish-{n}".encode()), (1, f"ack-{n - 1}".encode())])
             batches, end = reader.read(end)
             read += values(batches)
         batches, end = reader.read(end)
@@ -425,69 +312,6 @@ def test_records_reaching_a_partition_that_was_at_its_end_are_read_while_another
         assert sorted(read) == [b"ack-0", b"ack-1", b"ack-2", b"publish-1", b"publish-2", b"publish-3"]
         assert end == {"0": 4, "1": 3}
     finally:
-        reader.stop()
-
-
-def test_a_deferring_read_leaves_the_acks_partition_to_the_end_and_its_acks_keep_it_going(broker):
-    """While a read defers, only the command partitions are fetched; ACKs still coming keep it
-    going (their partition's end is asked), and once they stop the read takes them all in one go,
-    in order, with the publish they follow."""
-    topic = new_topic(broker)
-    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, defer_while_busy_ms=3000,
-                               busy_gap_ms=300, catch_up_timeout_ms=1000)
-    polled, poll = [], reader._poll
-    reader._poll = lambda consumer, partitions, *rest: (polled.append(list(partitions)), poll(consumer, partitions, *rest))
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
-    try:
-        begin = reader.initialOffset()
-        ack = lambda n: (f"ack-{n}".encode(), 1)  # noqa: E731
-        with sending_every_50_ms(producer, topic, ack) as sent:
-            while len(sent) < 2:
-                time.sleep(0.01)
-            stop_at = time.monotonic() + 0.8
-            batches, end = [], None
-            reading = threading.Thread(target=lambda: batches.append(reader.read(begin)))
-            reading.start()
-            while time.monotonic() < stop_at:
-                time.sleep(0.01)
-        reading.join(10)
-        [(read, end)] = batches
-        seen = values(read)
-        assert seen == [b"publish-0"] + sent, seen  # every ACK, in order: they kept the read going
-        assert end == {"0": 1, "1": len(sent)}
-        assert polled[0] == [0, 1] and polled[-1] == [0, 1] and len(polled) > 3
-        assert all(partitions == [0] for partitions in polled[1:-1]), polled  # no ACK fetched meanwhile
-    finally:
-        producer.close(timeout=10)
-        reader.stop()
-
-
-def test_an_ack_held_for_its_publish_comes_in_the_same_read_once_the_burst_brought_it(broker):
-    """An ACK whose publish the read had not reached yet is read again once the burst is over:
-    partition 0 has come that far meanwhile, so the batch holds both (not the next one)."""
-    topic = new_topic(broker)
-    append_acks_and_publishes(broker, topic, [(0, b"publish-0", None), (1, b"ack-of-publish-4", 5)])
-    reader = KafkaStreamReader(broker.bootstrap, topic, ack_partition=1, defer_while_busy_ms=3000,
-                               busy_gap_ms=300, catch_up_timeout_ms=500)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
-
-    def publish_after_the_first_poll() -> None:
-        time.sleep(0.15)
-        for n in range(1, 5):
-            producer.send(topic, value=f"publish-{n}".encode(), partition=0).get(timeout=30)
-            time.sleep(0.05)
-
-    try:
-        begin = reader.initialOffset()
-        sender = threading.Thread(target=publish_after_the_first_poll)
-        sender.start()
-        batches, end = reader.read(begin)
-        sender.join(10)
-        assert values(batches) == [f"publish-{n}".encode() for n in range(5)] + [b"ack-of-publish-4"]
-        assert end == {"0": 5, "1": 1}
-    finally:
-        producer.close(timeout=10)
         reader.stop()
 
 
