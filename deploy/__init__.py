@@ -1,1 +1,1 @@
-"""How the system runs: the local all-in-one launcher, the dev broker, benchmarks."""
+"""How the system runs: the local all-in-one launcher, its Kafka node, benchmarks."""

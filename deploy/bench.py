@@ -1,6 +1,6 @@
 """Our engine as one side of the benchmark: the whole stack, driven through the reference client.
 
-``running_smqp(subscribers)`` starts the dev broker, the streaming job and one
+``running_smqp(subscribers)`` starts a one-node Kafka, the streaming job and one
 gateway (``deploy.stack``) with a publisher account and a pool of subscriber
 accounts, and yields an :class:`SMQPSystem`, the adapter the workloads of
 ``deploy.compare_workloads`` drive: a destination is a topic under

@@ -1,6 +1,6 @@
 """Our engine against RabbitMQ on this machine, in one run (a script, not a test).
 
-Starts our whole stack (dev broker, streaming job, gateway: ``deploy.bench``)
+Starts our whole stack (a one-node Apache Kafka, streaming job, gateway: ``deploy.bench``)
 and a RabbitMQ node of its own (``deploy.rabbit``; Debian's package,
 installed with apt when missing), both on 127.0.0.1, and runs the same
 workloads against both with Python clients (our ``gateway.client`` and
@@ -337,7 +337,7 @@ def measure_all(args) -> dict:
     with contextlib.ExitStack() as servers:
         systems = {}
         if "smqp" in args.systems:
-            progress("starting our stack (dev broker, streaming job, gateway) ...")
+            progress("starting our stack (Kafka, streaming job, gateway) ...")
             smqp = systems["smqp"] = servers.enter_context(running_smqp(accounts, args.notify_window))
             progress(f"  up; logs in {smqp.stack.workdir}; our subscribers use {_window_text(args.notify_window)}")
         if "rabbitmq" in args.systems:

@@ -4,7 +4,7 @@ One master and two workers (1 core, 1 GiB each) from the pip-installed
 pyspark; the job submitted with ``deploy/spark-submit.sh --master
 spark://…`` (client mode: the driver is the submitting process, the
 executors run on the workers); two gateways of one farm (node ids 1 and 2)
-and the dev broker.  Two publishers publish through different gateways, two
+and a real Kafka node.  Two publishers publish through different gateways, two
 subscribers listen on different gateways: each subscriber is NOTIFYed every
 message exactly once and acknowledges it, and the Delta tables hold every
 message once and every delivery once, acknowledged.  The master, the workers

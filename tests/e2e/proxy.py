@@ -1,7 +1,8 @@
-"""A TCP proxy in front of the dev broker whose connections can be cut and restored (test helper).
+"""A TCP proxy in front of a Kafka node whose connections can be cut and restored (test helper).
 
-tansu keeps everything in memory and cannot be restarted with its data, so "Kafka briefly
-unreachable" is made by cutting the way to it instead.  The broker advertises the proxy's
+It makes the one fault a broker's own death cannot: Kafka unreachable for some clients (the
+gateway) while others (the streaming job) go on, as a network partition does.  The broker
+advertises the proxy's
 address, so every client reaches it through here; each connection is named by the client id in
 its first Kafka request (the request header's nullable string, the same in every header
 version), and :meth:`KafkaProxy.cut` severs the connections of the clients whose id starts with a

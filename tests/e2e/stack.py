@@ -1,4 +1,4 @@
-"""Test harness for the whole system: the real dev broker, a real Spark query,
+"""Test harness for the whole system: a real Kafka node, a real Spark query,
 Delta tables on disk and a real gateway on a 127.0.0.1 socket."""
 
 from __future__ import annotations

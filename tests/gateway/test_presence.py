@@ -1,4 +1,4 @@
-"""Farm-wide presence at one gateway, with the real dev broker and no streaming job: the test plays
+"""Farm-wide presence at one gateway, with a real Kafka node and no streaming job: the test plays
 the job (it writes ``Deliver`` events to the deliveries topic) and the other gateways of the farm
 (it writes their ``Presence`` / ``NodeReset`` events to commands partition 0), and reads the NACKs
 the gateway appends."""
