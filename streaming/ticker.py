@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 
+from kafka_edge import ThreadedLog
 from schemas.config import SMQPConfig
 from schemas.events import Tick
 
@@ -26,7 +27,8 @@ class Ticker:
 
     ``alive`` (e.g. ``lambda: query.isActive``) lets the ticker end with the
     query it serves without anyone stopping it.  Send failures are logged and
-    retried at the next tick: a missed tick only delays expiry.
+    retried at the next tick: a missed tick only delays expiry.  Appends go
+    through :class:`kafka_edge.ThreadedLog`, as the sink's do.
     """
 
     def __init__(self, config: SMQPConfig, interval: float | None = None, alive=lambda: True):
@@ -47,9 +49,7 @@ class Ticker:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        from kafka import KafkaProducer
-
-        producer = None
+        appender = None
         try:
             while not self._stop.is_set():
                 try:
@@ -58,16 +58,17 @@ class Ticker:
                 except Exception:  # noqa: BLE001 — e.g. the session is gone: so is the query
                     return
                 try:
-                    if producer is None:
-                        producer = KafkaProducer(bootstrap_servers=self.config.kafka.bootstrap, acks="all",
-                                                 client_id=f"{self.config.streaming.query_name}-ticker")
+                    if appender is None:
+                        appender = ThreadedLog(self.config.job_kafka, self.config.kafka.commands_topic,
+                                           client_id=f"{self.config.streaming.query_name}-ticker")
                     tick = Tick(time.time_ns() // 1000)
-                    producer.send(self.config.kafka.commands_topic, value=tick.to_bytes(), partition=0).get(
-                        timeout=max(self.interval, 5.0))
+                    errors = appender.send([(None, tick.to_bytes(), 0)]).result(timeout=max(self.interval, 5.0))
+                    if errors:
+                        raise errors[0]
                     self.sent += 1
                 except Exception as exc:  # noqa: BLE001 — the next tick retries; never kill the job
                     log.warning("tick not sent: %r", exc)
                 self._stop.wait(self.interval)
         finally:
-            if producer is not None:
-                producer.close(timeout=5)
+            if appender is not None:
+                appender.close()  # what Kafka has not taken by then is dropped: a missed tick only delays expiry
