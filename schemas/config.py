@@ -99,6 +99,10 @@ class StreamingConfig:
     # full batch starts at once, and at 20,000 a fan-out's first batch ran while its NOTIFYs were going out
     max_records_per_batch: int = 100_000
     poll_timeout_ms: int = 50
+    # how long the job's appends to Kafka (deliveries, ticks) wait for it before a batch fails, and the
+    # query with it: a Kafka outage shorter than this only pauses routing.  The gateways' own bound,
+    # [kafka] delivery_timeout_ms, is short because a client waits on each of their appends
+    kafka_outage_s: float = 300.0
     # a batch that finds commands goes on reading while they keep coming (none for busy_gap_ms ends a
     # burst; the job's own ticks are not commands here), up to this long: the gateways NOTIFY DELIVERY
     # ALL messages without the job, so a burst gets the host's cores, and the job routes it afterwards
@@ -178,6 +182,11 @@ class SMQPConfig:
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""
         return str(Path(self.data_dir, "tables", name).absolute())
+
+    @property
+    def job_kafka(self) -> KafkaConfig:
+        """``[kafka]`` as the job appends with it: an append waits for Kafka up to ``[streaming] kafka_outage_s``."""
+        return replace(self.kafka, delivery_timeout_ms=round(self.streaming.kafka_outage_s * 1000))
 
     @property
     def checkpoint_dir(self) -> str:

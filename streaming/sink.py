@@ -709,7 +709,7 @@ class CommandSink:
     def producer(self) -> ThreadedLog:
         """The long-lived producer to the deliveries topic (acks=all), created on first use."""
         if self._producer is None:
-            self._producer = ThreadedLog(self.config.kafka, self.config.kafka.deliveries_topic,
+            self._producer = ThreadedLog(self.config.job_kafka, self.config.kafka.deliveries_topic,
                                          client_id=f"{self.query_name}-sink")
         return self._producer
 
