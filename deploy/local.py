@@ -3,7 +3,8 @@
 Starts a one-node Apache Kafka (deploy/broker.py) with its log under the data
 directory, creates the topics, then the Spark streaming job (local mode), one
 SMQP gateway (with its Prometheus status page) and the ops dashboard as child
-processes, prints where everything is, and on Ctrl-C stops them in order: the
+processes, prints where everything is, starts the job again if it fails (up to
+:data:`MAX_JOB_RESTARTS` times), and on Ctrl-C stops them in order: the
 dashboard, the gateway (clients get ``NOTIFY SERVER BYE``), then the job (it
 finishes its micro-batch), then Kafka.  The dashboard is an onlooker: if it
 cannot start (its port is taken), the rest keeps running.
@@ -18,6 +19,7 @@ Kafka log it was made on is refused: its offsets would point into nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -29,6 +31,10 @@ from pathlib import Path
 from deploy.broker import BrokerError, KafkaBroker, create_topics, free_port, wait_for_port
 from deploy.jars import JarsUnavailable
 from schemas.config import DashboardConfig, load_config
+
+
+#: How many times a run starts the streaming job again after it failed, before it gives up.
+MAX_JOB_RESTARTS = 5
 
 
 def _stop(process: subprocess.Popen, name: str, timeout: float = 30.0) -> None:
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
 
     stop_requested = False
+    job_restarts = 0
 
     def request_stop(*_):
         nonlocal stop_requested
@@ -91,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                    PYSPARK_PYTHON=sys.executable, SMQP_GATEWAY_STATUS_PORT=str(status_port))
         if args.config:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
-        for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server")):
-            children.append((name, subprocess.Popen([sys.executable, "-m", module], env=env,
-                                                    start_new_session=True)))
+        start = {name: functools.partial(subprocess.Popen, [sys.executable, "-m", module], env=env,
+                                         start_new_session=True)
+                 for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server"))}
+        for name, launch in start.items():
+            children.append((name, launch()))
         dashboard_env = dict(env, SMQP_DASHBOARD_PORT=str(dashboard_port))
         if not config.dashboard.gateways:
             dashboard_env["SMQP_DASHBOARD_GATEWAYS"] = gateway_status
@@ -125,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
             if dashboard is not None and dashboard.poll() is not None:
                 print(f"dashboard exited with code {dashboard.returncode}; the rest keeps running", file=sys.stderr)
                 dashboard = None
-            for name, child in children:
-                if child.poll() is not None:
+            for index, (name, child) in enumerate(children):
+                if child.poll() is None:
+                    continue
+                if name != "streaming job" or job_restarts >= MAX_JOB_RESTARTS:
                     print(f"{name} exited with code {child.returncode}; stopping", file=sys.stderr)
                     return 1
+                job_restarts += 1  # as systemd's Restart=on-failure does for smqp-router.service
+                print(f"streaming job exited with code {child.returncode}; starting it again "
+                      f"({job_restarts} of {MAX_JOB_RESTARTS}): it goes on from its checkpoint", file=sys.stderr)
+                children[index] = (name, start[name]())
             time.sleep(0.2)
         return 0
     except (TimeoutError, OSError, BrokerError, JarsUnavailable) as error:

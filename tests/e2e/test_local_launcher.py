@@ -90,6 +90,14 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
             # the kernel shares the CPU between sessions first: the job's own session must yield too
             assert _session_nice(launcher.process.pid, "streaming.job") == 10
             assert _session_nice(launcher.process.pid, "gateway.server") == 0
+        [job] = [pid for pid, command in _commands(launcher.process.pid) if "-m streaming.job" in command]
+        os.killpg(job, signal.SIGKILL)  # the job dies (with its JVM): the launcher starts it again
+        deadline = time.monotonic() + 60
+        while not [pid for pid, command in _commands(launcher.process.pid)
+                   if "-m streaming.job" in command and pid != job]:
+            assert time.monotonic() < deadline, "the streaming job was not started again"
+            time.sleep(0.2)
+        assert b"streaming job exited with code -9; starting it again" in launcher.log_path.read_bytes()
 
         async def scenario():
             sub = await SMQPClient.connect("127.0.0.1", gateway_port)
