@@ -119,10 +119,8 @@ def test_listener_records_every_batch_of_the_real_query(broker, spark, tmp_path)
     assert [r["num_input_rows"] for r in rows] == [10, 10, 10, 5]
     assert {(r["query_name"], r["query_id"], r["run_id"]) for r in rows} == {
         (config.streaming.query_name, str(query.id), str(query.runId))}
-    # partition 0 of the commands topic, and the ACKs' own (none here)
-    assert all([(p["source"], p["partition"], p["end_offset"]) for p in r["partitions"][1:]]
-               == [(config.kafka.commands_topic, 1, 0)] for r in rows)
     partitions = [r["partitions"] for r in rows]
+    assert {len(p) for p in partitions} == {1}  # the commands topic's one partition
     assert all(p[0]["source"] == config.kafka.commands_topic and p[0]["partition"] == 0 for p in partitions)
     assert [p[0]["end_offset"] for p in partitions] == [10, 20, 30, 35]
     assert [p[0]["start_offset"] for p in partitions][1:] == [10, 20, 30]
