@@ -175,11 +175,8 @@ class SMQPSystem:
 
     def processes(self) -> dict[str, int]:
         return {"gateway": self.stack.children["gateway"].pid,
-                "Spark driver + JVM": self.stack.children["job"].pid}
-
-    def cpu_processes(self) -> dict[str, int]:
-        """Every server process whose CPU a workload costs: :meth:`processes` and the Kafka broker."""
-        return {**self.processes(), "Kafka broker": self.stack.broker.process.pid}
+                "Spark driver + JVM": self.stack.children["job"].pid,
+                "Kafka broker JVM": self.stack.broker.process.pid}
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.protocol.metadata import MetadataRequest
 
-from deploy.jars import classpath
+from deploy.jars import classpath, jar_dir
 from kafka_edge.cluster import METADATA_VERSION
 from kafka_edge.connection import BrokerConnection
 from schemas.config import KafkaConfig, LocalKafkaConfig
@@ -57,6 +57,13 @@ rootLogger.appenderRef.out.ref = out
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = info
 """
+
+
+def kafka_version() -> str:
+    """The version of the Kafka jars the node runs (``kafka_2.13-<version>.jar``)."""
+    for jar in jar_dir("kafka").glob("kafka_*-*.jar"):
+        return jar.stem.rpartition("-")[2]
+    raise BrokerError(f"no kafka_*.jar in {jar_dir('kafka')}")
 
 
 def free_port() -> int:

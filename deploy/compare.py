@@ -25,8 +25,9 @@ Our subscribers (latency, fanout, drain, soak) ask for SET NOTIFY WINDOW
 --rabbit-prefetch, so both have as many deliveries unacknowledged at once);
 --notify-window 1 measures the spec's one-at-a-time two-phase commit.
 
-It also reports the peak resident memory of our gateway, the Spark driver (with
-its JVM) and RabbitMQ's beam.smp.  Prints a table (ours, RabbitMQ, ratio,
+It also reports the peak resident memory of every server process: our gateway,
+the Spark driver (with its JVM) and the Kafka broker's JVM, and RabbitMQ's
+beam.smp.  Prints a table (ours, RabbitMQ, ratio,
 the issue's target) and where our streaming job spent its time, and writes
 everything as JSON.  Everything stops by itself, also on Ctrl-C or an error.
 """
@@ -51,6 +52,7 @@ from typing import Awaitable, Iterator
 
 from deploy import compare_workloads as workloads
 from deploy.bench import running_smqp
+from deploy.broker import kafka_version
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats, summarize)
 from deploy.stack import cpu_seconds, peak_memory_mb, stopping_on_sigterm
@@ -167,7 +169,7 @@ def cpu_reading(system) -> dict[str, float]:
     """CPU seconds used so far by each of ``system``'s server processes, and by this process (the
     benchmark's clients, which share the machine's cores with the servers)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {**{name: cpu_seconds(pid) for name, pid in system.cpu_processes().items()},
+    return {**{name: cpu_seconds(pid) for name, pid in system.processes().items()},
             CLIENTS: usage.ru_utime + usage.ru_stime}
 
 
@@ -317,11 +319,21 @@ def render_job_time(per_workload: dict) -> str:
     return "\n".join(lines)
 
 
+def durability(smqp) -> dict[str, str]:
+    """What each side has done with a message by the time it acknowledges it."""
+    flushes = smqp is not None and smqp.stack.broker.settings.flush_every_message
+    return {"smqp": "200 once Kafka (acks=all) has the record "
+                    + ("fsynced to disk ([local_kafka] flush_every_message = true)" if flushes else
+                       "in the page cache of every in-sync replica (one node here), not fsynced: Kafka's default"),
+            "rabbitmq": "confirm once the persistent message is fsynced to disk"}
+
+
 def _versions(rabbit_server) -> dict:
     versions = {"python": platform.python_version()}
     for package in ("pika", "pyspark", "kafka-python", "deltalake"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
+    versions["kafka"] = kafka_version()
     if rabbit_server is not None:
         versions["rabbitmq"] = rabbit_server.version()
     return versions
@@ -359,7 +371,7 @@ def measure_all(args) -> dict:
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cores": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
         "versions": versions, "settings": {k: v for k, v in vars(args).items() if k != "json"},
-        "peak_memory_mb": peaks, "results": results,
+        "peak_memory_mb": peaks, "results": results, "durability": durability(smqp),
         # after the stop: the job has flushed its last micro-batches' metrics
         "smqp_job_time": _job_time(smqp.stack, results) if smqp else {},
     }
@@ -407,6 +419,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
     report["rows"] = rows = (comparison_rows(results, settings)
                              + memory_rows(report["peak_memory_mb"], soak, args.flat_tolerance))
     print("\n" + render_table(rows))
+    print("\nDurability: " + "; ".join(f"{LABELS[name]}: {text}" for name, text in report["durability"].items()
+                                         if name in args.systems))
     if "smqp" in args.systems:
         print(f"\nOur subscribers: {_window_text(args.notify_window)}"
               + (f"; RabbitMQ's consumers: prefetch {args.rabbit_prefetch}." if "rabbitmq" in args.systems else "."))

@@ -74,10 +74,8 @@ class System(Protocol):
         """Cumulative server-side counters worth a per-run difference (ours: the NOTIFY -> ACK cycle)."""
 
     def processes(self) -> dict[str, int]:
-        """The server's processes to watch for memory: name -> pid (descendants included)."""
-
-    def cpu_processes(self) -> dict[str, int]:
-        """The server's processes whose CPU a workload costs (memory's and any helpers, a broker)."""
+        """Every server process (a broker included), watched for memory and CPU: name -> pid
+        (descendants included)."""
 
 
 def stamped_body() -> bytes:

@@ -359,6 +359,3 @@ class RabbitSystem:
 
     def processes(self) -> dict[str, int]:
         return {"RabbitMQ beam.smp": self.server.beam_pid}
-
-    def cpu_processes(self) -> dict[str, int]:
-        return self.processes()

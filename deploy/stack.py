@@ -110,7 +110,8 @@ def running_stack(accounts: Mapping[str, str], *, iterations: int = 1000) -> Ite
 
 def _running_stack(accounts: Mapping[str, str], iterations: int) -> Iterator[Stack]:
     workdir = tempfile.mkdtemp(prefix="smqp-stack-")
-    broker = KafkaBroker(f"{workdir}/kafka").start()
+    # [local_kafka] from the environment (SMQP_LOCAL_KAFKA_FLUSH_EVERY_MESSAGE=true: fsync each append)
+    broker = KafkaBroker(f"{workdir}/kafka", settings=load_config().local_kafka).start()
     children: dict[str, subprocess.Popen] = {}
     try:
         config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
