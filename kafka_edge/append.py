@@ -172,13 +172,12 @@ class DurableLog:
     async def _linger(self, lane: _Lane) -> None:
         """Wait until ``lane``'s next request is due, so that what arrives meanwhile shares it.
 
-        Why: at 1,000 publishes/s with their ACKs, requests of one or a few records each put
-        thousands of batches into the partition, and the dev broker lists every batch it holds to
-        answer each fetch, so its CPU per fetch grew through a run (measured in the README's
-        "Benchmark"); fewer, fuller batches also cost Apache Kafka less per record.  Only
+        Kafka's ``linger.ms``: fewer, fuller record batches, at the cost of a wait.  Only
         ``linger`` appends wait: a lone PUB or a window-1 ACK, whose client waits on its reply,
         is sent at once, and so is a lane once ``batch_bytes`` wait: a publisher that keeps a
-        window of PUBs in flight gets its replies a request sooner, not a linger later."""
+        window of PUBs in flight gets its replies a request sooner, not a linger later.  With
+        ``linger_ms`` 0 (the project's default, measured in ``schemas/config.py``) nothing waits,
+        and appends made while a request is out still share the next one."""
         wait = lane.due - time.monotonic()
         if wait <= 0:
             return
