@@ -60,11 +60,14 @@ def _decoded(raw: bytes, what: str):
 def control_item(offset: int, key: bytes | None, value: bytes):
     """A commands partition-0 record as the registry fold takes it: ``(offset, event | RawPublish
     | None)`` — a publish as its raw record (decoded only when the gateway routes it early), None
-    for records the registry skips (acks, ticks, undecodable ones), so the fold always knows how
-    far it got, skipped records included."""
+    for an undecodable one (the fold still knows it got past it).  ACKs and ticks, which the fold
+    never needs (nothing waits for their offsets), are dropped here: with ACKs in the partition, a
+    drain is half ACKs."""
     if value.startswith(_PUBLISH):
         return offset, RawPublish((key or b"").decode("utf-8", "replace"), value)
-    return offset, None if value.startswith(_NOT_CONTROL) else _decoded(value, "commands")
+    if value.startswith(_NOT_CONTROL):
+        return None
+    return offset, _decoded(value, "commands")
 
 
 class RawDeliver(NamedTuple):

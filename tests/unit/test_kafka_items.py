@@ -29,8 +29,9 @@ def test_other_deliveries_records_are_decoded_and_garbage_is_dropped():
 def test_the_control_tail_hands_publishes_on_raw_skips_acks_and_ticks_and_decodes_the_rest():
     publish = Publish(1, "/a/b", "c", "pub", "g", 5)
     assert control_item(3, b"/a/b", publish.to_bytes()) == (3, RawPublish("/a/b", publish.to_bytes()))
-    assert control_item(4, b"bob", Ack("bob", "g", 1, 5).to_bytes()) == (4, None)
-    assert control_item(5, None, Tick(9).to_bytes()) == (5, None)
+    # dropped by the tail: half the partition's records in a drain (no fold waits on their offsets)
+    assert control_item(4, b"bob", Ack("bob", "g", 1, 5).to_bytes()) is None
+    assert control_item(5, None, Tick(9).to_bytes()) is None
     subscribe = Subscribe("bob", "g", "/a/*", 5)
     assert control_item(6, None, subscribe.to_bytes()) == (6, subscribe)
     assert control_item(7, None, b"{broken") == (7, None)  # skipped, but the fold knows it got past it
