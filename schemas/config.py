@@ -28,7 +28,10 @@ class KafkaConfig:
     # batch.size); a lone PUB or a window-1 ACK is sent at once.  0: appends made while a partition's
     # request is out still share the next one.  Measured on Kafka (bench-results/ab-linger/, medians of
     # 3 alternating runs), 0 against 20: ingest 17,270 vs 14,785 msg/s at 15 % less CPU per PUB, fan-out
-    # the same (22,172 vs 22,576 deliveries/s); 20 was for tansu, which listed every batch at each fetch
+    # the same (22,172 vs 22,576 deliveries/s); 20 was for tansu, which listed every batch at each fetch.
+    # At a steady 1,000 msg/s (two full comparisons, bench-results/compare-2026-11-27-*) 0 took publish ->
+    # NOTIFY from p50 14.4 / p99 25.5 ms to 0.7 / 5.5, for 2.7x the gateway's CPU per message (585 vs 212
+    # µs: a produce request and a fetch per message instead of one per 20 ms); under load batches fill anyway
     linger_ms: int = 0
     batch_bytes: int = 16384
     delivery_timeout_ms: int = 15000  # a PUB not durable by then gets 503
