@@ -247,3 +247,51 @@ def test_a_cluster_learns_each_topic_it_is_asked_about(broker):
             cluster.close()
 
     asyncio.run(scenario())
+
+
+def test_records_of_one_leader_are_not_lost_when_another_leaders_fetch_fails(broker, monkeypatch):
+    """Partitions led by different brokers are fetched in one request per leader.  When one leader's
+    fetch fails (it went away, a leader moved), what another leader's answer brought is still handed
+    on, and the failed partitions are fetched again: a tail whose positions moved past records it
+    never handed on would never NOTIFY them.  One node here, so the two leaders are played: the
+    test says partition 1 has another leader and fails that leader's first fetch."""
+    import kafka.errors as Errors
+
+    config = _config(broker.bootstrap, partitions=2)
+    failed = []
+
+    async def scenario():
+        cluster = Cluster(config, client_id="test")
+        log = await DurableLog.open(config, cluster, config.commands_topic)
+        try:
+            for partition in (0, 1):
+                await asyncio.gather(*(log.append(None, f"p{partition}-{i}".encode(), partition=partition)
+                                       for i in range(5)))
+            real_leader_node, real_fetch = cluster.leader_node, Tail._fetch
+
+            async def leader_node(topic, partition):
+                return 100 + partition if topic == config.commands_topic else await real_leader_node(topic, partition)
+
+            async def fetch(tail, partitions):
+                if partitions == [1] and not failed:
+                    failed.append(1)
+                    raise Errors.KafkaConnectionError("the leader of partition 1 went away")
+                return await real_fetch(tail, partitions)
+
+            monkeypatch.setattr(cluster, "leader_node", leader_node)
+            monkeypatch.setattr(Tail, "_fetch", fetch)
+            read = []
+            reader = Tail(config, cluster, config.commands_topic, read.extend, lambda offset, key, value: value)
+            reader.start()
+            try:
+                await asyncio.wait_for(reader.ready.wait(), 30)
+            finally:
+                await reader.stop()
+            return read
+        finally:
+            await log.close()
+            cluster.close()
+
+    read = asyncio.run(scenario())
+    assert failed == [1]
+    assert sorted(read) == sorted(f"p{p}-{i}".encode() for p in (0, 1) for i in range(5))
