@@ -17,10 +17,11 @@ import logging
 from typing import Callable
 
 import kafka.errors as Errors
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import FetchRequest
 
 from kafka_edge.cluster import Cluster
-from kafka_edge.connection import BrokerConnection, backoff
+from kafka_edge.connection import backoff
+from kafka_edge.offsets import EARLIEST, list_offsets
 from kafka_edge.records import read_batches
 from kafka_edge.settings import ClientSettings
 
@@ -30,9 +31,8 @@ log = logging.getLogger(__name__)
 #: no more than this (and its records) at once.  Reading 100,000 records of 250 B from offset 0
 #: (deploy.kafka_clients, alternating runs): 692,000/s with 4 MiB, 597,000/s with 1 MiB.
 FETCH_MAX_BYTES = 4 << 20
-#: The highest request versions used: the last ones naming topics by name (later ones use topic ids).
-FETCH_VERSION, LIST_OFFSETS_VERSION = 11, 5
-EARLIEST = -2  # ListOffsets: the log start offset
+#: The highest Fetch version used: the last one naming topics by name (later ones use topic ids).
+FETCH_VERSION = 11
 
 
 class Tail:
@@ -155,7 +155,7 @@ class Tail:
             partition = answer.partition_index
             error = Errors.for_code(answer.error_code)
             if error is Errors.OffsetOutOfRangeError:  # deleted by retention: go on from the earliest kept
-                self.positions[partition] = await self._earliest(connection, partition)
+                self.positions[partition] = await self._earliest(partition)
                 continue
             if error is not Errors.NoError:
                 raise error(f"fetching {self._topic}/{partition}")
@@ -175,17 +175,10 @@ class Tail:
         self.positions[partition] = position
         return items
 
-    async def _earliest(self, connection: BrokerConnection, partition: int) -> int:
-        topic = ListOffsetsRequest.ListOffsetsTopic
-        request = ListOffsetsRequest(replica_id=-1, isolation_level=0, max_version=LIST_OFFSETS_VERSION, topics=[
-            topic(name=self._topic, partitions=[topic.ListOffsetsPartition(partition_index=partition,
-                                                                            timestamp=EARLIEST)])])
-        response = await connection.call(request, self._cluster.request_timeout)
-        answer = response.topics[0].partitions[0]
-        if answer.error_code:
-            raise Errors.for_code(answer.error_code)(f"earliest offset of {self._topic}/{partition}")
-        log.warning("%s: %s/%d starts at %d (older records deleted)", self.name, self._topic, partition, answer.offset)
-        return answer.offset
+    async def _earliest(self, partition: int) -> int:
+        [offset] = (await list_offsets(self._cluster, self._topic, [partition], EARLIEST)).values()
+        log.warning("%s: %s/%d starts at %d (older records deleted)", self.name, self._topic, partition, offset)
+        return offset
 
 
 async def retrying(attempt_once, name: str):

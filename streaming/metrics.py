@@ -26,6 +26,7 @@ held beyond the batch's end when the progress event was handled.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -37,7 +38,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from schemas.config import SMQPConfig
+from kafka_edge import Cluster
+from kafka_edge.offsets import LATEST, list_offsets
+from schemas.config import KafkaConfig, SMQPConfig
 from schemas.metrics import DURATION_PHASES, METRICS_TABLE
 from schemas.spark import arrow_schema
 
@@ -157,30 +160,29 @@ def end_partitions(progress: Mapping[str, Any]) -> dict[int, int]:
 
 
 class KafkaEnds:
-    """The end (high watermark) of a topic's partitions, asked of the broker (ListOffsets).
-    One consumer for the probe's lifetime, created on first use."""
+    """The end (high watermark) of a topic's partitions, asked of their leaders (ListOffsets).
+
+    Spark hands every query's progress to the session's listeners on one thread, so a probe must
+    never hang: each call is bounded by ``timeout_s`` whatever Kafka does (a kafka-python consumer
+    asked of a Kafka gone away blocked ~30 s bootstrapping, and the events queued behind it were
+    dropped).  Each call opens connections of its own: a few milliseconds on a batch's side."""
 
     def __init__(self, bootstrap: str, topic: str, timeout_s: float = 3.0):
-        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
-        self._consumer = None
+        self.topic, self.timeout_s = topic, timeout_s
+        self._settings = KafkaConfig(bootstrap=bootstrap, delivery_timeout_ms=round(timeout_s * 1000))
 
     def ends(self, positions: Mapping[int, int]) -> dict[int, int]:
         """High watermark per partition of ``positions`` (partition → the batch's end there)."""
-        from kafka import KafkaConsumer, TopicPartition
-
         if not positions:
             return {}
-        if self._consumer is None:
-            self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                           client_id="smqp-metrics-lag")
-        tps = {p: TopicPartition(self.topic, p) for p in positions}
-        ends = self._consumer.end_offsets(list(tps.values()), timeout_ms=int(self.timeout_s * 1000))
-        return {p: int(ends[tp]) for p, tp in tps.items() if ends.get(tp) is not None}
+        return asyncio.run(asyncio.wait_for(self._ends(sorted(positions)), self.timeout_s))
 
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+    async def _ends(self, partitions: list[int]) -> dict[int, int]:
+        cluster = Cluster(self._settings, client_id="smqp-metrics-lag")
+        try:
+            return await list_offsets(cluster, self.topic, partitions, LATEST)
+        finally:
+            cluster.close()
 
 
 class MetricsRecorder:
@@ -223,8 +225,7 @@ class MetricsRecorder:
                 try:
                     latest = self._kafka.ends(wanted)
                 except Exception as exc:  # the lag is worth less than the rest of the row
-                    log.warning("metrics: Kafka lag probe failed: %s", exc)
-                    self._kafka.close()
+                    log.warning("metrics: Kafka lag probe failed: %r", exc)
                 probed = time.perf_counter()
                 self.stats["probe_s"] += probed - started
             self._rows.append(progress_row(progress, topic=self.topic, latest=latest))
@@ -265,11 +266,9 @@ class MetricsRecorder:
         self._rows = []
 
     def close(self) -> None:
-        """Flush, then release the Kafka probe (recording again reopens it)."""
+        """Flush what is buffered (the query ended)."""
         with self._lock:
             self._flush()
-            if self._kafka is not None:
-                self._kafka.close()
 
 
 class MetricsListener(StreamingQueryListener):
@@ -327,7 +326,7 @@ class MetricsListener(StreamingQueryListener):
             with self._lock:
                 recorder = self._by_run.pop(str(event.runId), None)
             if recorder is not None:
-                recorder.close()  # a restart of the same name reopens its Kafka probe on demand
+                recorder.close()
         except Exception:
             log.exception("metrics: onQueryTerminated")
 

@@ -153,3 +153,25 @@ def test_history_run_recorded_each_batch_once(history):
     assert sum(r["num_input_rows"] for r in rows) == ends[-1]  # no batch lost or recorded twice
     assert all(r["partitions"][0]["source"] == history.config.kafka.commands_topic for r in rows)
     assert all(r["kafka_lag"] is not None and r["kafka_lag"] >= 0 for r in rows)
+
+
+def test_the_lag_probe_gives_up_on_a_kafka_that_is_gone_within_its_timeout(broker):
+    """Spark hands every query's progress to the session's listeners on one thread: a probe that
+    hung on a Kafka gone away (a stopped test stack, an outage) held up every other query's
+    metrics until Spark dropped them ("Dropped 1190 events").  Asked of a port nothing listens
+    on, and then of a live broker again, it answers within a few seconds each time."""
+    from deploy.broker import free_port
+    from streaming.metrics import KafkaEnds
+
+    uid = uuid.uuid4().hex[:8]
+    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": f"cmd-{uid}",
+                                        "deliveries_topic": f"dlv-{uid}"})
+    create_topics(config.kafka)
+    gone = KafkaEnds(f"127.0.0.1:{free_port()}", config.kafka.commands_topic, timeout_s=2.0)
+    alive = KafkaEnds(broker.bootstrap, config.kafka.commands_topic, timeout_s=2.0)
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(Exception):
+            gone.ends({0: 0})
+        assert time.monotonic() - started < 6
+    assert alive.ends({0: 0}) == {0: 0}
