@@ -22,14 +22,14 @@ def _config(bootstrap: str, partitions: int = 1, **kafka) -> KafkaConfig:
     return kafka_config(bootstrap, commands_partitions=partitions, **kafka)
 
 
-async def _read_all(config: KafkaConfig, cluster: Cluster) -> list[tuple[int, bytes, bytes]]:
-    """Every record of the commands topic, read by a :class:`Tail` until it is ready."""
+async def _read_all(config: KafkaConfig, cluster: Cluster, convert=lambda offset, key, value: (offset, key, value),
+                    timeout: float = 30) -> list:
+    """What ``convert`` makes of every record of the commands topic, read by a :class:`Tail` until it is ready."""
     records = []
-    reader = Tail(config, cluster, config.commands_topic, records.extend,
-                  lambda offset, key, value: (offset, key, value))
+    reader = Tail(config, cluster, config.commands_topic, records.extend, convert)
     reader.start()
     try:
-        await asyncio.wait_for(reader.ready.wait(), 30)
+        await asyncio.wait_for(reader.ready.wait(), timeout)
     finally:
         await reader.stop()
     return records
@@ -176,14 +176,7 @@ def test_a_tail_far_behind_reads_every_record_of_many_small_batches(broker):
         try:
             for chunk in range(0, len(values), 3):  # a batch per request, as a lightly loaded gateway appends
                 await asyncio.gather(*(log.append(None, v) for v in values[chunk:chunk + 3]))
-            read = []
-            reader = Tail(config, cluster, config.commands_topic, read.extend, lambda offset, key, value: value)
-            reader.start()
-            try:
-                await asyncio.wait_for(reader.ready.wait(), 60)
-            finally:
-                await reader.stop()
-            assert read == values
+            assert await _read_all(config, cluster, lambda offset, key, value: value, timeout=60) == values
         finally:
             await log.close()
             cluster.close()
@@ -280,14 +273,7 @@ def test_records_of_one_leader_are_not_lost_when_another_leaders_fetch_fails(bro
 
             monkeypatch.setattr(cluster, "leader_node", leader_node)
             monkeypatch.setattr(Tail, "_fetch", fetch)
-            read = []
-            reader = Tail(config, cluster, config.commands_topic, read.extend, lambda offset, key, value: value)
-            reader.start()
-            try:
-                await asyncio.wait_for(reader.ready.wait(), 30)
-            finally:
-                await reader.stop()
-            return read
+            return await _read_all(config, cluster, lambda offset, key, value: value)
         finally:
             await log.close()
             cluster.close()
