@@ -87,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m deploy.jars",
         description="Fetch a set of Java jars from Maven Central (deploy/<name>/pom.xml) into the jar cache "
                     "($SMQP_JAR_CACHE, default .cache/jars); does nothing when they are there already.")
-    parser.add_argument("names", nargs="+", metavar="NAME", help="jar sets to fetch, e.g. kafka")
+    parser.add_argument("names", nargs="+", metavar="NAME", help="jar sets to fetch, e.g. kafka spark-jars")
+    parser.add_argument("--list", action="store_true",
+                        help="print the jar files, comma-separated (spark-submit's --jars), instead of the directory")
     args = parser.parse_args(argv)
     try:
         for name in args.names:
-            print(f"{name}: {jar_dir(name, quiet=True)}")
+            found = jar_dir(name, quiet=True)
+            print(",".join(str(p) for p in sorted(found.glob("*.jar"))) if args.list else f"{name}: {found}")
     except JarsUnavailable as error:
         print(f"deploy.jars: {error}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@
 # Options before "--" go to spark-submit and win over the properties file and over the
 # job's own [streaming] settings; options after "--" go to the job (see: python -m streaming.job --help).
 # The job runs in client mode: its driver is this process (Spark runs no Python driver on a
-# standalone worker), it writes the Delta tables under data_dir with delta-rs and keeps its
+# standalone worker), it writes the Delta tables under data_dir and keeps its
 # checkpoint there, so run it on a host that owns data_dir (deploy/cluster.md).
 #
 # Environment:
@@ -55,6 +55,10 @@ with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
             archive.write(path, path.relative_to(root))
 PY
 
+# Spark's Kafka connector and delta-spark, from the Maven cache (deploy/spark-jars/pom.xml; fetched on
+# first use): spark-submit ships them to the executors.
+jars="$("$python" -m deploy.jars --list spark-jars)"
+
 # spark-submit runs in a process group of its own (set -m), so a Ctrl-C in a terminal reaches only
 # this script; SIGTERM / SIGINT are forwarded to the job's Python driver (the spark-submit JVM's
 # child running streaming/job.py), which stops the query, flushes its metrics and stops Spark; the
@@ -62,7 +66,7 @@ PY
 # under the driver's feet.
 set -m
 set -x
-"$SPARK_HOME/bin/spark-submit" --properties-file "$properties" --py-files "$build/smqp-job.zip" \
+"$SPARK_HOME/bin/spark-submit" --properties-file "$properties" --py-files "$build/smqp-job.zip" --jars "$jars" \
   "${spark_args[@]}" "$root/streaming/job.py" "${job_args[@]}" &
 { set +x; } 2>/dev/null
 submit=$!

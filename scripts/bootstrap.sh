@@ -36,5 +36,5 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # Kafka's jars, once, into the git-ignored cache (.cache/jars; deploy/jars.py)
-.venv/bin/python -m deploy.jars kafka >/dev/null
+.venv/bin/python -m deploy.jars kafka spark-jars >/dev/null
 export PYSPARK_PYTHON="$root/.venv/bin/python"

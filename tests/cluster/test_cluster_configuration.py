@@ -1,4 +1,4 @@
-"""What the job asks of Spark on a cluster, checked without a cluster or the spark-sql-kafka jars:
+"""What the job asks of Spark on a cluster, checked without a cluster:
 the reader options of both commands sources, and which Spark properties the session sets
 itself versus leaves to spark-submit."""
 
@@ -73,15 +73,3 @@ def test_under_spark_submit_its_master_and_conf_win():
     assert not set(conf) & set(submitted)  # the session sets none of what spark-submit already set
     assert conf["spark.cores.max"] == "8"
     assert conf["spark.sql.session.timeZone"] == "UTC"
-
-
-def test_without_the_spark_sql_kafka_jars_source_kafka_fails_at_start_naming_the_guide(spark):
-    """These machines have no spark-sql-kafka jars: the job must reach Spark's own Kafka format
-    (not ours) and fail before reading anything, with Spark's message that says what to deploy."""
-    from pyspark.errors import AnalysisException
-
-    from streaming.job import read_commands
-
-    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA)
-    with pytest.raises(AnalysisException, match="Kafka Integration Guide"):
-        read_commands(spark, config)

@@ -25,11 +25,13 @@ T0 = 1_700_000_000_000_000  # accepted_at, microseconds
 
 
 @pytest.fixture
-def config(broker, tmp_path):
+def config(broker, tmp_path, request):
+    """The job's configuration on topics of its own; ``[streaming] source`` is the test's
+    indirect parameter when it has one (``"python"`` otherwise)."""
     uid = uuid.uuid4().hex[:8]
     cfg = load_config(env={}, data_dir=str(tmp_path), kafka={
         "bootstrap": broker.bootstrap, "commands_topic": f"cmd-{uid}", "deliveries_topic": f"dlv-{uid}",
-    }, streaming={"query_name": f"router-{uid}"})
+    }, streaming={"query_name": f"router-{uid}", "source": getattr(request, "param", "python")})
     create_topics(cfg.kafka)
     return cfg
 
@@ -98,7 +100,9 @@ def expected_deliver(p: ev.Publish, account="bob") -> ev.Deliver:
                       p.headers, p.sections)
 
 
+@pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
 def test_route_commit_emit_then_acks_on_the_same_checkpoint(spark, config, sink):
+    """On either commands source: ours, or Spark's own Kafka connector (its jars from the Maven cache)."""
     pubs = publishes(range(1, 11))
     produce(config, [ev.Subscribe("bob", "gb", "/stocks/*", T0)] + pubs)
     run_available_now(spark, config, sink)
