@@ -3,7 +3,8 @@
 Starts a one-node Apache Kafka (deploy/broker.py) with its log under the data
 directory, creates the topics, then the Spark streaming job (local mode), one
 SMQP gateway (with its Prometheus status page) and the ops dashboard as child
-processes, prints where everything is, starts the job again if it fails (up to
+processes, waits until the job has routed its first micro-batch (a cold Spark
+takes tens of seconds), prints where everything is, starts the job again if it fails (up to
 :data:`MAX_JOB_RESTARTS` times), and on Ctrl-C stops them in order: the
 dashboard, the gateway (clients get ``NOTIFY SERVER BYE``), then the job (it
 finishes its micro-batch), then Kafka.  The dashboard is an onlooker: if it
@@ -19,6 +20,7 @@ Kafka log it was made on is refused: its offsets would point into nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import os
 import signal
@@ -30,7 +32,8 @@ from pathlib import Path
 
 from deploy.broker import BrokerError, KafkaBroker, create_topics, free_port, wait_for_port
 from deploy.jars import JarsUnavailable
-from schemas.config import DashboardConfig, load_config
+from kafka_edge.offsets import topic_ends
+from schemas.config import DashboardConfig, SMQPConfig, load_config
 
 
 #: How many times a run starts the streaming job again after it failed, before it gives up.
@@ -47,6 +50,46 @@ def _stop(process: subprocess.Popen, name: str, timeout: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(5)
+
+
+#: Seconds between the lines that say the launcher still waits for the job's first micro-batch.
+WAITING_NOTE_S = 15
+
+
+def routed_records(config: SMQPConfig) -> int:
+    """How many records the deliveries topic holds.  Only the routing job writes there, and it ends
+    every micro-batch, idle ones too, with a ``Progress`` record after its Delta commit: a count
+    grown since the job started says the job has routed, committed and announced a batch."""
+    ends = asyncio.run(asyncio.wait_for(
+        topic_ends(config.kafka, config.kafka.deliveries_topic, client_id="smqp-local"), 5))
+    return sum(ends.values())
+
+
+def job_has_routed(config: SMQPConfig, before: int) -> bool:
+    """Whether the deliveries topic grew past ``before`` (:func:`routed_records`); a Kafka that does
+    not answer within its bound says no, and is asked again on the next turn."""
+    try:
+        return routed_records(config) > before
+    except Exception as error:  # noqa: BLE001 - a timeout, a refused connection, a Kafka error: not yet
+        print(f"(asking Kafka whether the job has routed: {error!r})", file=sys.stderr)
+        return False
+
+
+def banner_text(config: SMQPConfig, broker: KafkaBroker, dashboard_url: str, gateway_status: str,
+                waited_s: float) -> str:
+    """Where everything is, printed once the job routes."""
+    return (
+        f"\nSMQP on Spark is running (the streaming job routed its first batch after {waited_s:.0f} s):\n"
+        f"  SMQP gateway     {config.gateway.host}:{config.gateway.port}   "
+        f"(try: smqp sub '/stocks/*'  and  smqp pub /stocks/quotes/ibm 24.567)\n"
+        f"  Kafka broker     {config.kafka.bootstrap}   (Apache Kafka, log in {broker.data_dir}; "
+        f"output {broker.log_path})\n"
+        f"  streaming job    Spark {config.streaming.master}, query {config.streaming.query_name}, "
+        f"checkpoint {config.checkpoint_dir}\n"
+        f"  Delta tables     {config.data_dir}/tables/{{messages,deliveries,subscriptions,metrics}}\n"
+        f"  dashboard        {dashboard_url}   (Prometheus: {dashboard_url.rstrip('/')}/metrics)\n"
+        f"  gateway metrics  {gateway_status}\n"
+        "Press Ctrl-C to stop.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 "an older one: its offsets point into nothing. Restore that log, or start afresh by removing "
                 f"{checkpoint} (the Delta tables under {data_dir}/tables keep the old history)")
         create_topics(config.kafka)
+        routed_before = routed_records(config)
         env = dict(os.environ, SMQP_DATA_DIR=data_dir, SMQP_KAFKA_BOOTSTRAP=config.kafka.bootstrap,
                    PYSPARK_PYTHON=sys.executable, SMQP_GATEWAY_STATUS_PORT=str(status_port))
         if args.config:
@@ -117,20 +161,18 @@ def main(argv: list[str] | None = None) -> int:
             pass
         if dashboard.poll() is not None:
             dashboard_url = "not running (see its error above)"
-        print(
-            "\nSMQP on Spark is running:\n"
-            f"  SMQP gateway     {config.gateway.host}:{config.gateway.port}   "
-            f"(try: smqp sub '/stocks/*'  and  smqp pub /stocks/quotes/ibm 24.567)\n"
-            f"  Kafka broker     {config.kafka.bootstrap}   (Apache Kafka, log in {broker.data_dir}; "
-            f"output {broker.log_path})\n"
-            f"  streaming job    Spark {config.streaming.master}, query {config.streaming.query_name}, "
-            f"checkpoint {checkpoint}\n"
-            f"  Delta tables     {data_dir}/tables/{{messages,deliveries,subscriptions,metrics}}\n"
-            f"  dashboard        {dashboard_url}   (Prometheus: {dashboard_url.rstrip('/')}/metrics)\n"
-            f"  gateway metrics  {gateway_status}\n"
-            "Press Ctrl-C to stop.\n", flush=True,
-        )
+        print("waiting for the streaming job's first micro-batch (Spark starts cold: up to a minute or two) ...",
+              flush=True)
+        started, ready = time.monotonic(), False
+        next_note = started + WAITING_NOTE_S
         while not stop_requested:
+            if not ready and job_has_routed(config, routed_before):
+                ready = True
+                print(banner_text(config, broker, dashboard_url, gateway_status, time.monotonic() - started),
+                      flush=True)
+            elif not ready and time.monotonic() >= next_note:
+                print(f"... still waiting for the streaming job ({time.monotonic() - started:.0f} s)", flush=True)
+                next_note += WAITING_NOTE_S
             if dashboard is not None and dashboard.poll() is not None:
                 print(f"dashboard exited with code {dashboard.returncode}; the rest keeps running", file=sys.stderr)
                 dashboard = None
@@ -146,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 children[index] = (name, start[name]())
             time.sleep(0.2)
         return 0
-    except (TimeoutError, OSError, BrokerError, JarsUnavailable) as error:
+    except (TimeoutError, OSError, BrokerError, JarsUnavailable) as error:  # asyncio's timeout is TimeoutError
         print(f"smqp-local: could not start: {error}", file=sys.stderr)
         return 1
     finally:

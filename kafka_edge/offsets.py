@@ -6,6 +6,7 @@ import kafka.errors as Errors
 from kafka.protocol.consumer import ListOffsetsRequest
 
 from kafka_edge.cluster import Cluster
+from kafka_edge.settings import ClientSettings
 
 EARLIEST, LATEST = -2, -1  # ListOffsets: the log start offset, the high watermark
 #: The highest ListOffsets version used: the last one naming topics by name (later ones use topic ids).
@@ -31,3 +32,12 @@ async def list_offsets(cluster: Cluster, topic: str, partitions: list[int], at: 
                 raise Errors.for_code(answer.error_code)(f"offsets of {topic}/{answer.partition_index}")
             found[answer.partition_index] = answer.offset
     return found
+
+
+async def topic_ends(settings: ClientSettings, topic: str, client_id: str) -> dict[int, int]:
+    """The high watermark of every partition of ``topic``, on connections of its own (closed after)."""
+    cluster = Cluster(settings, client_id=client_id)
+    try:
+        return await list_offsets(cluster, topic, await cluster.partitions(topic), LATEST)
+    finally:
+        cluster.close()

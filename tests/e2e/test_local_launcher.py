@@ -77,6 +77,10 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
     gateway_port, broker_port = launcher.gateway_port, launcher.broker_port
     try:
         banner = launcher.start()
+        # "running" only once the job routes: its query has planned a micro-batch (Spark's offset log)
+        # and announced it, not as soon as the gateway listens while Spark is still starting cold
+        assert "routed its first batch" in banner
+        assert list((tmp_path / "data" / "checkpoints" / "smqp-router" / "offsets").glob("[0-9]*")), banner
         assert f"127.0.0.1:{gateway_port}" in banner and f"127.0.0.1:{broker_port}" in banner
         assert str(tmp_path / "data" / "tables") in banner
         assert str(tmp_path / "data" / "kafka") in banner
