@@ -165,6 +165,17 @@ TABLES: dict[str, StructType] = {
 }
 
 
+#: Table properties every engine table carries.  The job commits with delta-rs, the gateways read
+#: with delta-rs, and ``smqp sql`` (or an operator's own session) reads and may write with
+#: delta-spark: pinned here, a delta-spark session whose defaults turn on deletion vectors, column
+#: mapping or the change feed cannot give a table a feature the others would misread.
+TABLE_PROPERTIES: dict[str, str] = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+    "delta.enableChangeDataFeed": "false",
+}
+
+
 def arrow_schema(schema: StructType):
     """The Arrow schema delta-rs writes for a Spark ``StructType`` (UTC timestamps)."""
     from pyspark.sql.pandas.types import to_arrow_schema

@@ -42,7 +42,7 @@ from kafka_edge import Cluster
 from kafka_edge.offsets import LATEST, list_offsets
 from schemas.config import KafkaConfig, SMQPConfig
 from schemas.metrics import DURATION_PHASES, METRICS_TABLE
-from schemas.spark import arrow_schema
+from schemas.spark import TABLE_PROPERTIES, arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,8 @@ class MetricsRecorder:
             from deltalake import write_deltalake
 
             write_deltalake(self.table_path, table, mode="append", schema_mode="merge", name="metrics",
-                            description="one row per streaming micro-batch (streaming.metrics)")
+                            description="one row per streaming micro-batch (streaming.metrics)",
+                            configuration=TABLE_PROPERTIES)  # taken when the append creates the table
         except Exception:
             self.stats["errors"] += 1
             log.exception("metrics: appending %d row(s) to %s failed; kept for the next flush",

@@ -46,8 +46,8 @@ from kafka_edge import ThreadedLog
 from schemas.config import SMQPConfig
 from schemas.events import Ack, Acked, AckedBatch, Deliver, Nack, Publish, RemoveTopic, Section, Subscribe, Unsubscribe
 from schemas.queue_params import TopicSettings
-from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLES,
-                           TRASH_TABLE, arrow_schema)
+from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLE_PROPERTIES,
+                           TABLES, TRASH_TABLE, arrow_schema)
 from streaming import dispatch, routing
 from streaming.retention import TrashSweeper
 
@@ -687,11 +687,16 @@ class CommandSink:
         return version is not None and version >= batch_id
 
     def _table(self, name: str) -> DeltaTable:
-        """Table ``name``, created when missing and given any column its schema gained since."""
+        """Table ``name``, created when missing (with :data:`TABLE_PROPERTIES`), and given any column
+        its schema gained and any of those properties it lacks since."""
         path = self.config.table_path(name)
         if not DeltaTable.is_deltatable(path):
-            DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name)
+            DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name,
+                              configuration=TABLE_PROPERTIES)
         table = DeltaTable(path)
+        if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():  # a table made before
+            table.alter.set_table_properties(TABLE_PROPERTIES)
+            table = DeltaTable(path)
         present = {f.name for f in table.schema().fields}
         missing = [f for f in arrow_schema(TABLES[name]) if f.name not in present]
         if missing:
