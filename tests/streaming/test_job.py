@@ -180,6 +180,37 @@ def test_batch_failing_midway_is_completed_by_its_replay(spark, config, sink, mo
     assert [(s["account"], s["active"]) for s in table(config, "subscriptions")] == [("bob", True)]
 
 
+@pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
+def test_a_job_that_dies_between_its_kafka_emission_and_its_delta_commit_replays_the_batch_once(
+        spark, config, sink, monkeypatch):
+    """The query's first attempt at a batch emits its Deliver records, commits ``messages``, then dies
+    before the other tables: Spark's checkpoint has the batch's offsets but no commit.  The query
+    started again on that checkpoint replays the same batch id, and the app transactions
+    (``txnAppId`` / ``txnVersion``: query:table, batch id) leave every table with each row once."""
+    pubs = publishes(range(1, 6), "/t/x")
+    produce(config, [ev.Subscribe("bob", "gb", "/t/*", T0)] + pubs + [ev.Ack("bob", "gb", 3, T0 + 50)])
+
+    def die_midway(self, out, batch_id):
+        self._commit_messages(out["messages"], batch_id)
+        raise RuntimeError("the job died before its other commits")
+
+    monkeypatch.setattr(CommandSink, "commit_outputs", die_midway)
+    query = build_query(spark, config, available_now=True, sink=sink)
+    with pytest.raises(Exception, match="the job died"):
+        query.awaitTermination(120)
+    assert deliveries_topic(config, at_least=5)  # the batch's records were out before it died
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
+    monkeypatch.undo()
+
+    run_available_now(spark, config, CommandSink(config))
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
+    assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        ("bob", s, "acked" if s == 3 else "pending") for s in range(1, 6)]
+    assert [(s["account"], s["pattern"]) for s in table(config, "subscriptions")] == [("bob", "/t/*")]
+    assert {name: sink.committed_version(name) for name in ("messages", "deliveries", "subscriptions")} == {
+        "messages": 0, "deliveries": 0, "subscriptions": 0}  # one batch, replayed under its own id
+
+
 def test_subscription_bounds_survive_batches_in_a_table_written_before_they_existed(spark, config, sink):
     """SINCE/UNTIL are stored with the subscription; a data dir from before those columns keeps working."""
     legacy = arrow_schema(SUBSCRIPTIONS_TABLE)
