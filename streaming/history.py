@@ -1,28 +1,40 @@
-"""SQL over the engine's Delta history: every table as a Spark view, with time travel.
+"""SQL over the engine's Delta history: every table by its own name, read and time-travelled by delta-spark.
 
 >>> from streaming.history import open_history
 >>> spark = open_history()                            # config from $SMQP_CONFIG / SMQP_* variables
 >>> spark.sql("SELECT topic, count(*) FROM messages GROUP BY topic").show()
->>> past = open_history(timestamp="2026-11-22T08:00:00Z")   # every table as it was then
+>>> spark.sql("SELECT count(*) FROM messages VERSION AS OF 3").show()        # Delta's own SQL, as written
+>>> spark.sql("DESCRIBE HISTORY deliveries").show()
+>>> past = open_history(timestamp="2026-11-22T08:00:00Z")   # every table pinned as it was then
 >>> open_history(version={"deliveries": 12})         # one table at a version, the others current
 
 Every Delta table under ``<data_dir>/tables/`` (``messages``, ``deliveries``,
 ``subscriptions``, ``metrics``, and ``topics`` / ``trash`` / ``receipts``
-where the engine writes them) becomes a temporary view of its own name.  A
-view is read through delta-rs: ``DeltaTable(path, version=…)`` or
-``load_as_version(timestamp)`` gives the snapshot's file list
-(``file_uris()``), which Spark reads as Parquet with the table's schema — no
-delta-spark jars needed, and the view is one consistent snapshot even while
-the job keeps committing.
+where the engine writes them) is an external catalog table
+(``CREATE TABLE … USING delta LOCATION '<path>'``) in a database of that data
+directory's own (:func:`database`), which becomes the session's current one.
+Bare names resolve there, so a statement runs exactly as written:
+``VERSION AS OF``, ``TIMESTAMP AS OF``, ``DESCRIBE HISTORY`` and
+``DESCRIBE DETAIL`` are delta-spark's, and every read honours every commit —
+the Trash sweeps' DELETEs included (``streaming/retention.py``).  Registering
+writes nothing into a table (no commit, no file): the catalog is the session's
+in-memory one, gone with its JVM.
 
-:func:`sql` also accepts Delta's time-travel clauses on any table, so past and
-present can meet in one query::
+Why a database per data directory: the catalog is shared by every session of
+a JVM (the test suite opens several data directories in one), so a second data
+directory gets its own names instead of finding the first one's tables under
+the same names.
 
-    SELECT count(*) FROM deliveries TIMESTAMP AS OF '2026-11-22 08:00:00' WHERE status = 'pending'
-    SELECT * FROM messages VERSION AS OF 3
+Pinning (``open_history(version=…, timestamp=…)``, ``smqp-sql --version`` /
+``--as-of``) makes a table's name a temporary view of that snapshot, which
+shadows the table; a view takes no time-travel clause of its own.  A pin by
+timestamp reads the last commit at or before it (Delta's rule); before the
+table's first commit the view is empty, with today's columns.
 
-and the view ``table_versions`` (table, version, timestamp, operation,
-app_id, batch_id) lists every commit, to find the version to travel to.
+The view ``table_versions`` (table, version, timestamp, operation, parameters,
+metrics, app_id, batch_id) lists every commit of every table: ``DESCRIBE
+HISTORY``, plus each commit's Delta app transaction (the job's
+``<query>:<table>`` and micro-batch id), which only the log itself records.
 
 ``smqp-sql`` (:func:`main`) is the command line over the same functions.
 """
@@ -30,13 +42,15 @@ app_id, batch_id) lists every commit, to find the version to travel to.
 from __future__ import annotations
 
 import argparse
-import json
+import hashlib
 import logging
 import re
 import sys
-from datetime import datetime, timezone
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from schemas.config import SMQPConfig, load_config
 
@@ -48,29 +62,61 @@ ENGINE_TABLES = ("messages", "deliveries", "subscriptions", "metrics", "topics",
 #: The extra view listing every commit of every table.
 VERSIONS_VIEW = "table_versions"
 
+#: The session property recording the temporary views this module made: ``<database>:<view>,<view>``.
+VIEWS_CONF = "smqp.history.views"
+
 When = str | datetime
 PerTable = Mapping[str, Any]
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class HistoryError(ValueError):
     """A table, version or timestamp that cannot be read as asked."""
 
 
-# -- finding tables and snapshots
+# -- finding tables
 
 
 def tables_dir(config: SMQPConfig) -> Path:
     return Path(config.table_path("x")).parent
 
 
-def table_names(config: SMQPConfig) -> list[str]:
-    """Every Delta table under ``<data_dir>/tables/``, engine tables first."""
-    from deltalake import DeltaTable
+def _log_versions(path: Path) -> list[int]:
+    """The versions named by the files of a table's ``_delta_log`` (commits, checkpoints, checksums)."""
+    log_dir = path / "_delta_log"
+    if not log_dir.is_dir():
+        return []
+    return [int(p.name.split(".")[0]) for p in log_dir.iterdir() if p.name.split(".")[0].isdigit()]
 
+
+def table_names(config: SMQPConfig) -> list[str]:
+    """Every Delta table under ``<data_dir>/tables/``, engine tables first.
+
+    A table is a directory whose ``_delta_log`` holds a commit: one still being created is not one yet.
+    """
     root = tables_dir(config)
-    found = [p.name for p in sorted(root.iterdir()) if p.is_dir() and DeltaTable.is_deltatable(str(p))] \
-        if root.is_dir() else []
+    found = [p.name for p in sorted(root.iterdir()) if p.is_dir() and _log_versions(p)] if root.is_dir() else []
     return [n for n in ENGINE_TABLES if n in found] + [n for n in found if n not in ENGINE_TABLES]
+
+
+def _path(config: SMQPConfig, name: str) -> str:
+    """Table ``name``'s directory, or a :class:`HistoryError` naming the tables there are."""
+    path = config.table_path(name)
+    if not _log_versions(Path(path)):
+        raise HistoryError(f"no Delta table {name!r} at {path} (tables: {', '.join(table_names(config)) or 'none'})")
+    return path
+
+
+def latest_version(config: SMQPConfig, name: str) -> int:
+    """The table's newest version, from its log's file names (a listing; no Spark job)."""
+    return max(_log_versions(Path(_path(config, name))))
+
+
+def _check_version(config: SMQPConfig, name: str, version: int) -> int:
+    latest = latest_version(config, name)
+    if not 0 <= int(version) <= latest:
+        raise HistoryError(f"table {name!r} has versions 0..{latest}, not {version}")
+    return int(version)
 
 
 def parse_when(value: When) -> datetime:
@@ -95,91 +141,197 @@ def parse_when(value: When) -> datetime:
     return moment.astimezone(timezone.utc)
 
 
-def _commit_time(path: str, version: int) -> datetime | None:
-    """When a version was committed (its ``commitInfo`` timestamp, else the file's), or None if its file is gone."""
-    file = Path(path, "_delta_log", f"{version:020d}.json")
-    try:
-        lines = file.read_text().splitlines()
-    except FileNotFoundError:  # log cleanup after a checkpoint
-        return None
-    actions = (json.loads(line) for line in lines if '"commitInfo"' in line)
-    millis = next((a["commitInfo"].get("timestamp") for a in actions if "commitInfo" in a), None)
-    millis = millis or file.stat().st_mtime * 1000
-    return datetime.fromtimestamp(millis / 1000, timezone.utc)
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
-def snapshot(config: SMQPConfig, name: str, *, version: int | None = None, timestamp: When | None = None):
-    """Table ``name`` as a ``DeltaTable`` at ``version`` / ``timestamp`` (latest when neither).
+def _utc(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
 
-    Returns None when the table did not exist yet at ``timestamp``.
+
+# -- SQL text
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _ref(config: SMQPConfig, name: str) -> str:
+    """Table ``name`` by its path (``delta.`<path>```), which Spark SQL reads without any catalog entry."""
+    return "delta." + _ident(_path(config, name))
+
+
+def _select(source: str, version: int | None, *, existed: bool = True) -> str:
+    """``SELECT *`` of ``source`` at ``version`` (None: latest); ``existed=False``: none of its rows."""
+    if not existed:
+        return f"SELECT * FROM {source} WHERE false"
+    return f"SELECT * FROM {source}" + ("" if version is None else f" VERSION AS OF {int(version)}")
+
+
+# -- commits
+
+
+def commits(spark, config: SMQPConfig, name: str):
+    """``DESCRIBE HISTORY`` of table ``name``: version, timestamp, operation, parameters, metrics.
+
+    ``parameters`` / ``metrics`` are the commit's operation parameters and
+    metrics as JSON (CREATE TABLE's parameters, the whole metadata and
+    protocol, left out). The timestamps are the ones ``TIMESTAMP AS OF`` uses.
     """
-    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
 
-    path = config.table_path(name)
-    if not DeltaTable.is_deltatable(path):
-        raise HistoryError(f"no Delta table {name!r} at {path} (tables: {', '.join(table_names(config)) or 'none'})")
-    if version is not None and timestamp is not None:
-        raise HistoryError(f"table {name!r}: give a version or a timestamp, not both")
-    if version is not None:
-        latest = DeltaTable(path).version()
-        if not 0 <= int(version) <= latest:
-            raise HistoryError(f"table {name!r} has versions 0..{latest}, not {version}")
-        return DeltaTable(path, version=int(version))
-    table = DeltaTable(path)
-    if timestamp is not None:
-        moment = parse_when(timestamp)
-        table.load_as_version(moment)
-        # delta-rs gives the first version for a moment before it; the table did not exist then.
-        created = _commit_time(path, table.version()) if table.version() == 0 else None
-        if created is not None and created > moment:
-            return None
-    return table
+    return spark.sql(f"DESCRIBE HISTORY {_ref(config, name)}").select(
+        "version", "timestamp", "operation",
+        F.to_json(F.expr("map_filter(operationParameters, (k, v) -> k NOT IN ('metadata', 'protocol'))"))
+        .alias("parameters"),
+        F.to_json("operationMetrics").alias("metrics"),
+    )
 
 
-def spark_schema(table):
-    """The Spark ``StructType`` of a ``DeltaTable`` (from its Arrow schema)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import from_arrow_schema
+def version_at(spark, config: SMQPConfig, name: str, moment: When) -> int | None:
+    """The version table ``name`` had at ``moment``: its last commit at or before it (Delta's rule,
+    on ``DESCRIBE HISTORY``'s timestamps); None when the table did not exist yet.
 
-    return from_arrow_schema(pa.schema(table.schema().to_arrow()))
+    Unlike ``TIMESTAMP AS OF``, a moment after the last commit reads the latest
+    version: a pin of every table to one moment must not fail on a table
+    nothing has changed since.
+    """
+    from pyspark.sql import functions as F
 
-
-def _check_readable(name: str, table) -> None:
-    """Plain Parquet reading is right only without column mapping and deletion vectors."""
-    mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
-    if mode not in (None, "none"):
-        raise HistoryError(f"table {name!r} uses column mapping ({mode}); read it with delta-spark "
-                           "(format('delta')) instead")
-    features = table.protocol().reader_features or []
-    if "deletionVectors" in features and any(batch.num_rows for batch in table.deletion_vectors()):
-        raise HistoryError(f"table {name!r} has deletion vectors; read it with delta-spark (format('delta'))")
+    at = parse_when(moment)
+    rows = commits(spark, config, name).select("version", F.unix_micros("timestamp").alias("micros")).collect()
+    earlier = [r.version for r in rows if r.micros <= _micros(at)]
+    if earlier:
+        return max(earlier)
+    first = min(rows, key=lambda r: r.version)
+    if first.version == 0:
+        return None
+    kept = _utc(first.micros)
+    raise HistoryError(f"table {name!r} keeps its history from version {first.version} ({kept:%Y-%m-%d %H:%M:%S}Z) "
+                       f"on; {at:%Y-%m-%d %H:%M:%S}Z is earlier")
 
 
 def read_table(spark, config: SMQPConfig, name: str, *, version: int | None = None,
                timestamp: When | None = None):
-    """Table ``name`` as a Spark DataFrame at ``version`` / ``timestamp`` (latest when neither).
+    """Table ``name`` as a DataFrame at ``version`` / ``timestamp`` (latest when neither), read by delta-spark.
 
-    Empty (with the table's current schema) when the table did not exist at ``timestamp``.
+    Empty (with the table's current columns) when the table did not exist at ``timestamp``.
     """
-    return _frame(spark, config, name, snapshot(config, name, version=version, timestamp=timestamp))
+    if version is not None and timestamp is not None:
+        raise HistoryError(f"table {name!r}: give a version or a timestamp, not both")
+    source = _ref(config, name)
+    if timestamp is not None:
+        version = version_at(spark, config, name, timestamp)
+        return spark.sql(_select(source, version, existed=version is not None))
+    if version is not None:
+        version = _check_version(config, name, version)
+    return spark.sql(_select(source, version))
 
 
-def _frame(spark, config: SMQPConfig, name: str, table):
-    """A snapshot (or None: not there yet) as a DataFrame: its files read as Parquet with its schema."""
-    if table is None:
-        return spark.createDataFrame([], spark_schema(snapshot(config, name)))
-    _check_readable(name, table)
-    schema = spark_schema(table)
-    uris = table.file_uris()
-    if not uris:
-        return spark.createDataFrame([], schema)
-    reader = spark.read.schema(schema)
-    if table.metadata().partition_columns:
-        reader = reader.option("basePath", config.table_path(name))
-    return reader.parquet(*uris)
+def table_versions(spark, config: SMQPConfig, names: Iterable[str] | None = None):
+    """Every commit of every table (or ``names``): table, version, timestamp, operation, parameters,
+    metrics (:func:`commits`), app_id, batch_id.
+
+    ``app_id`` / ``batch_id`` are the commit's Delta app transaction (the
+    routing job's ``<query>:<table>`` and micro-batch id): ``DESCRIBE HISTORY``
+    does not show them, so they come from the commits' ``txn`` actions in
+    ``_delta_log/*.json``. The history is read now; the transactions when the
+    frame is queried.
+    """
+    from pyspark.sql import functions as F
+
+    names = list(table_names(config) if names is None else names)
+    frames = [commits(spark, config, name).select(F.lit(name).alias("table"), "*") for name in names]
+    if not frames:
+        return spark.createDataFrame([], "table string, version bigint, timestamp timestamp, operation string, "
+                                         "parameters string, metrics string, app_id string, batch_id bigint")
+    history = frames[0]
+    for frame in frames[1:]:
+        history = history.unionByName(frame)
+    return history.join(_transactions(spark, config, names), ["table", "version"], "left")
 
 
-# -- views
+def _transactions(spark, config: SMQPConfig, names: Sequence[str]):
+    """The app transaction (app_id, batch_id) of each commit of ``names`` that has one: table, version, …"""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("txn", StructType([
+        StructField("appId", StringType()), StructField("version", LongType())]))])
+    frames = []
+    for name in names:
+        log_dir = Path(config.table_path(name), "_delta_log")
+        files = sorted(str(p) for p in log_dir.glob("*.json") if p.stem.isdigit())
+        if files:
+            frames.append(spark.read.schema(schema).json(files).where("txn IS NOT NULL").select(
+                F.lit(name).alias("table"),
+                F.regexp_extract("_metadata.file_path", r"(\d+)\.json$", 1).cast("long").alias("version"),
+                F.col("txn.appId").alias("app_id"), F.col("txn.version").alias("batch_id")))
+    if not frames:
+        return spark.createDataFrame([], "table string, version bigint, app_id string, batch_id bigint")
+    transactions = frames[0]
+    for frame in frames[1:]:
+        transactions = transactions.unionByName(frame)
+    return transactions.groupBy("table", "version").agg(F.max("app_id").alias("app_id"),
+                                                        F.max("batch_id").alias("batch_id"))
+
+
+# -- the catalog
+
+
+def database(config: SMQPConfig) -> str:
+    """The database holding one data directory's tables: ``smqp_`` and a hash of its tables' path,
+    so two data directories never share a name."""
+    return "smqp_" + hashlib.sha1(str(tables_dir(config)).encode()).hexdigest()[:12]
+
+
+def _our_views(spark) -> tuple[str, list[str]]:
+    """The temporary views this module made in the session: (their database, names)."""
+    value = spark.conf.get(VIEWS_CONF, "") or ""
+    db, _, views = value.partition(":")
+    return db, [v for v in views.split(",") if v]
+
+
+def _drop_our_views(spark) -> None:
+    for view in _our_views(spark)[1]:
+        spark.catalog.dropTempView(view)
+    spark.conf.unset(VIEWS_CONF)
+
+
+def attach(spark, config: SMQPConfig) -> list[str]:
+    """Make ``config``'s tables what the session's bare table names mean; returns their names.
+
+    Registers each table not registered yet in the data directory's database
+    (:func:`database`), forgets the entries of tables gone from disk, makes that
+    database current, and drops the pins and ``table_versions`` view made for
+    another data directory. Cheap once registered: a listing and ``SHOW TABLES``.
+    """
+    from pyspark.errors import PySparkException
+
+    db = f"spark_catalog.{database(config)}"
+    names = table_names(config)
+    # The in-memory catalog makes a database's directory; every table here is external, so nothing goes in it.
+    home = Path(tempfile.gettempdir(), "smqp-sql-catalog", f"{database(config)}.db")
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {db} COMMENT {_literal(f'SMQP tables of {tables_dir(config)}')} "
+              f"LOCATION {_literal(str(home))}")
+    known = {r.tableName for r in spark.sql(f"SHOW TABLES IN {db}").collect() if not r.isTemporary}
+    for gone in sorted(known - set(names)):  # external: dropping the entry leaves the files alone
+        spark.sql(f"DROP TABLE IF EXISTS {db}.{_ident(gone)}")
+    for name in names:
+        if name not in known:
+            try:
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {db}.{_ident(name)} USING delta "
+                          f"LOCATION {_literal(config.table_path(name))}")
+            except PySparkException as exc:
+                raise HistoryError(f"table {name!r} at {config.table_path(name)}: {_spark_message(exc)}") from None
+    spark.sql(f"USE {db}")
+    if _our_views(spark)[0] not in ("", db):
+        _drop_our_views(spark)
+    return names
 
 
 def _resolve(names: Sequence[str], value: Any, kind: str) -> dict[str, Any]:
@@ -194,89 +346,58 @@ def _resolve(names: Sequence[str], value: Any, kind: str) -> dict[str, Any]:
     return {name: value for name in names}
 
 
-def register_views(spark, config: SMQPConfig, *, version: int | PerTable | None = None,
-                   timestamp: When | PerTable | None = None, names: Iterable[str] | None = None,
-                   versions_view: bool = True) -> dict[str, int | None]:
-    """Register every table (or ``names``) as a temporary view of its name; returns view → version read.
-
-    ``version`` / ``timestamp``: one value for every table, or ``{table: value}``
-    for some (the others stay current). A table that did not exist at
-    ``timestamp`` is an empty view (version None). ``versions_view`` also
-    registers ``table_versions`` (lazy: free until queried).
-    """
-    present = table_names(config)
-    names = list(present if names is None else names)
+def _pins(names: Sequence[str], version: Any, timestamp: Any) -> tuple[dict[str, int], dict[str, When]]:
+    """``version`` / ``timestamp`` per table; a per-table choice wins over a global one."""
     versions = _resolve(names, version, "version")
     moments = _resolve(names, timestamp, "timestamp")
     both = set(versions) & set(moments)
     if both and not (isinstance(version, Mapping) ^ isinstance(timestamp, Mapping)):
         raise HistoryError(f"both a version and a timestamp for {sorted(both)}")
-    # a per-table choice wins over a global one
     for name in both:
-        if isinstance(version, Mapping):
-            moments.pop(name)
-        else:
-            versions.pop(name)
-    read: dict[str, int | None] = {}
-    for name in names:
-        table = snapshot(config, name, version=versions.get(name), timestamp=moments.get(name))
-        _frame(spark, config, name, table).createOrReplaceTempView(name)
-        read[name] = None if table is None else table.version()
-    if versions_view:
-        table_versions(spark, config, present).createOrReplaceTempView(VERSIONS_VIEW)
-    return read
+        (moments if isinstance(version, Mapping) else versions).pop(name)
+    return versions, moments
 
 
-def table_versions(spark, config: SMQPConfig, names: Iterable[str] | None = None):
-    """Every commit of every table: table, version, timestamp, operation, parameters, app_id, batch_id.
+def register_tables(spark, config: SMQPConfig, *, version: int | PerTable | None = None,
+                    timestamp: When | PerTable | None = None,
+                    versions_view: bool = True) -> dict[str, int | None]:
+    """Make every table reachable by its name (:func:`attach`), pin the ones asked; returns table →
+    version its name reads now (None: a table pinned before it existed, an empty view).
 
-    ``app_id`` / ``batch_id`` are the commit's Delta app transaction (the
-    routing job's ``<query>:<table>`` and micro-batch id). A lazy frame over
-    the tables' ``_delta_log/*.json``: it costs nothing until queried.
+    ``version`` / ``timestamp``: one value for every table, or ``{table: value}``
+    for some; a pinned table's name is a temporary view of that snapshot, the
+    others are the live tables. Views of the tables' names left in the session
+    (earlier pins, anyone's) are dropped: they would shadow the tables.
+    ``versions_view`` also registers ``table_versions``.
     """
-    from pyspark.sql import functions as F
+    from pyspark.errors import PySparkException
 
-    frames = []
-    for name in names if names is not None else table_names(config):
-        log_dir = Path(config.table_path(name), "_delta_log")
-        commits = sorted(str(p) for p in log_dir.glob("*.json") if p.stem.isdigit())
-        if not commits:
+    names = attach(spark, config)
+    versions, moments = _pins(names, version, timestamp)
+    _drop_our_views(spark)
+    for name in names:
+        spark.catalog.dropTempView(name)
+    read: dict[str, int | None] = {}
+    made = []
+    db = f"spark_catalog.{database(config)}"
+    for name in names:
+        if name not in versions and name not in moments:
+            read[name] = latest_version(config, name)
             continue
-        frames.append(spark.read.schema(_log_schema()).json(commits).select(
-            F.lit(name).alias("table"),
-            F.regexp_extract("_metadata.file_path", r"(\d+)\.json$", 1).cast("long").alias("version"),
-            F.coalesce(F.col("commitInfo.timestamp"),
-                       F.unix_millis("_metadata.file_modification_time")).alias("millis"),
-            "commitInfo", "txn"))
-    if not frames:
-        return spark.createDataFrame([], "table string, version bigint, timestamp timestamp, operation string, "
-                                         "parameters string, app_id string, batch_id bigint")
-    actions = frames[0]
-    for frame in frames[1:]:
-        actions = actions.unionByName(frame)
-    return (
-        actions.groupBy("table", "version").agg(
-            F.timestamp_millis(F.max("millis")).alias("timestamp"),
-            F.max("commitInfo.operation").alias("operation"),
-            # CREATE TABLE's parameters carry the whole metadata and protocol: left out
-            F.max(F.to_json(F.expr("map_filter(commitInfo.operationParameters, "
-                                   "(k, v) -> k NOT IN ('metadata', 'protocol'))"))).alias("parameters"),
-            F.max("txn.appId").alias("app_id"),
-            F.max("txn.version").alias("batch_id"),
-        )
-    )
-
-
-def _log_schema():
-    from pyspark.sql.types import LongType, MapType, StringType, StructField, StructType
-
-    return StructType([
-        StructField("commitInfo", StructType([
-            StructField("timestamp", LongType()), StructField("operation", StringType()),
-            StructField("operationParameters", MapType(StringType(), StringType())),
-        ])),
-        StructField("txn", StructType([StructField("appId", StringType()), StructField("version", LongType())])),
-    ])
+        pinned = (_check_version(config, name, versions[name]) if name in versions
+                  else version_at(spark, config, name, moments[name]))
+        query = _select(f"{db}.{_ident(name)}", pinned, existed=pinned is not None)
+        try:
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {_ident(name)} AS {query}")
+        except PySparkException as exc:  # e.g. a version whose log files were cleaned up
+            raise HistoryError(f"table {name!r} at version {pinned}: {_spark_message(exc)}") from None
+        made.append(name)
+        read[name] = pinned
+    if versions_view:
+        table_versions(spark, config, names).createOrReplaceTempView(VERSIONS_VIEW)
+        made.append(VERSIONS_VIEW)
+    spark.conf.set(VIEWS_CONF, f"{db}:{','.join(made)}")
+    return read
 
 
 def history_session(config: SMQPConfig):
@@ -288,56 +409,75 @@ def history_session(config: SMQPConfig):
 
 def open_history(config: SMQPConfig | None = None, version: int | PerTable | None = None,
                  timestamp: When | PerTable | None = None, spark=None, *, versions_view: bool = True):
-    """A Spark session with every Delta table of the engine registered as a view.
+    """A Spark session whose SQL reads every Delta table of the engine by its name.
 
     ``config`` defaults to :func:`~schemas.config.load_config` (``$SMQP_CONFIG``,
-    ``SMQP_DATA_DIR`` …). ``version`` / ``timestamp`` travel in time, for every
-    table or per table (``{"deliveries": 12}``). ``spark``: register in this
-    session instead of building one. Also registers ``table_versions``
-    (every commit of every table, always current).
+    ``SMQP_DATA_DIR`` …). ``version`` / ``timestamp`` pin tables in time, every
+    table or per table (``{"deliveries": 12}``); the others stay live, and take
+    ``VERSION AS OF`` / ``TIMESTAMP AS OF`` in the statement. ``spark``: use
+    this session instead of building one (its current database changes to the
+    data directory's). Also registers ``table_versions``, the commits as of now.
     """
     config = config or load_config()
     spark = spark or history_session(config)
-    register_views(spark, config, version=version, timestamp=timestamp, versions_view=versions_view)
+    register_tables(spark, config, version=version, timestamp=timestamp, versions_view=versions_view)
     return spark
 
 
-# -- SQL with time-travel clauses
-
-_TRAVEL = r"\b({names})\s+(VERSION|TIMESTAMP)\s+AS\s+OF\s+('[^']*'|\"[^\"]*\"|\d+)"
-
-
-def _travel_view(name: str, kind: str, value: str) -> str:
-    digits = re.sub(r"\W", "_", value)
-    return f"{name}__{'v' if kind == 'VERSION' else 't'}{digits}"
-
-
 def sql(spark, config: SMQPConfig, statement: str):
-    """Run ``statement`` over the registered views; ``<table> VERSION AS OF n`` and
-    ``<table> TIMESTAMP AS OF '…'`` read that table's snapshot (a view of its own)."""
-    names = table_names(config)
-    if not names:
-        return spark.sql(statement)
-    pattern = re.compile(_TRAVEL.format(names="|".join(map(re.escape, names))), re.IGNORECASE)
-    registered: dict[str, str] = {}
+    """Run ``statement`` unchanged, with ``config``'s tables as the session's bare names.
 
-    def travel(match: re.Match) -> str:
-        name, kind, raw = match.group(1).lower(), match.group(2).upper(), match.group(3)
-        value = raw.strip("'\"")
-        view = _travel_view(name, kind, value)
-        if view not in registered:
-            frame = (read_table(spark, config, name, version=int(value)) if kind == "VERSION"
-                     else read_table(spark, config, name, timestamp=value))
-            frame.createOrReplaceTempView(view)
-            registered[view] = name
-        return view
-
-    return spark.sql(pattern.sub(travel, statement))
+    Tables the engine created since are registered first (:func:`attach`);
+    pins and ``table_versions`` from :func:`open_history` stay as they were.
+    """
+    attach(spark, config)
+    return spark.sql(statement)
 
 
 def tables_named(statement: str, names: Iterable[str]) -> list[str]:
     """The tables among ``names`` that ``statement`` mentions (as whole words)."""
     return [n for n in names if re.search(rf"\b{re.escape(n)}\b", statement, re.IGNORECASE)]
+
+
+# -- errors
+
+
+def _spark_message(exc: BaseException, config: SMQPConfig | None = None) -> str:
+    """A Spark or Delta error as its message: no query plan, no Java stack trace, and a hint for
+    the usual mistakes (a table that is not there, travelling a pinned table)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    text = str(exc.java_exception.toString()) if isinstance(exc, Py4JJavaError) else str(exc)
+    end = re.search(r"SQLSTATE: \w+(?:; line \d+ pos \d+)?", text)
+    text = text[:end.end()] if end else re.split(r"\n\s*at |\nJVM stacktrace:", text, maxsplit=1)[0]
+    condition = exc.getCondition() if isinstance(exc, PySparkException) else None
+    if condition == "TABLE_OR_VIEW_NOT_FOUND" and config is not None:
+        text += f"\ntables under {tables_dir(config)}: {', '.join(table_names(config)) or 'none'}"
+    elif condition in _HINTS:
+        text += "\n" + _HINTS[condition]
+    return text
+
+
+_PINNED = "a table pinned by --version / --as-of is a view of that snapshot: travel in the statement or pin"
+_AS_OF = ("--as-of TIMESTAMP reads a table as empty before its first commit, and as its latest version "
+          "after its last")
+_HINTS = {"UNSUPPORTED_FEATURE.TIME_TRAVEL": _PINNED, "DELTA_TIMESTAMP_EARLIER_THAN_COMMIT_RETENTION": _AS_OF,
+          "DELTA_TIMESTAMP_GREATER_THAN_COMMIT": _AS_OF}
+
+
+@contextmanager
+def _quiet_query_errors() -> Iterator[None]:
+    """pyspark logs each failed statement with its Java stack trace; ``smqp-sql`` reports it in one message."""
+    loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    saved = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, saved):
+            logger.disabled = disabled
 
 
 # -- command line
@@ -377,21 +517,21 @@ def _text_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-def describe_tables(config: SMQPConfig) -> str:
+def describe_tables(spark, config: SMQPConfig) -> str:
     """One line per table (version, last commit, files, rows), then each table's columns."""
     import textwrap
 
-    import pyarrow as pa
+    from pyspark.sql import functions as F
 
     rows, columns = [], []
     for name in table_names(config):
-        table = snapshot(config, name)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        counts = actions.column("num_records").to_pylist() if "num_records" in actions.column_names else []
-        committed = _commit_time(config.table_path(name), table.version())
-        rows.append((name, table.version(), f"{committed:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if committed else "",
-                     actions.num_rows, sum(c for c in counts if c is not None) if counts else "?"))
-        fields = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in spark_schema(table).fields)
+        last = spark.sql(f"DESCRIBE HISTORY {_ref(config, name)} LIMIT 1") \
+            .select("version", F.unix_micros("timestamp").alias("micros")).first()
+        snapshot = spark.sql(_select(_ref(config, name), last.version))
+        files = spark.sql(f"DESCRIBE DETAIL {_ref(config, name)}").first().numFiles
+        committed = _utc(last.micros)
+        rows.append((name, last.version, f"{committed:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z", files, snapshot.count()))
+        fields = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in snapshot.schema.fields)
         columns.append(textwrap.fill(fields, width=100, initial_indent=f"{name}: ", break_long_words=False,
                                      subsequent_indent=" " * (len(name) + 2)))
     if not rows:
@@ -431,15 +571,18 @@ def _parser() -> argparse.ArgumentParser:
         prog="smqp-sql",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Spark SQL over the engine's Delta history. Every Delta table under <data_dir>/tables\n"
-            "is a view of its own name: messages (every accepted publish), deliveries (one row per\n"
-            "subscriber and message: pending/acked, routed_at, acked_at), subscriptions, metrics (one\n"
-            "row per streaming micro-batch), and topics / trash / receipts where present; plus\n"
-            f"{VERSIONS_VIEW} (every commit of every table: table, version, timestamp, operation,\n"
-            "app_id, batch_id).\n\n"
-            "Time travel: --version / --as-of below, or in the statement itself:\n"
-            "  ... FROM deliveries TIMESTAMP AS OF '2026-11-22 08:00:00' ...\n"
-            "  ... FROM messages VERSION AS OF 3 ..."
+            "Spark SQL (with delta-spark) over the engine's Delta history. Every Delta table under\n"
+            "<data_dir>/tables is a table of its own name: messages (every accepted publish), deliveries\n"
+            "(one row per subscriber and message: pending/acked, routed_at, acked_at), subscriptions,\n"
+            "metrics (one row per streaming micro-batch), and topics / trash / receipts where present;\n"
+            f"plus the view {VERSIONS_VIEW} (every commit of every table: table, version, timestamp,\n"
+            "operation, parameters, metrics, app_id, batch_id).\n\n"
+            "The statement runs as written, so Delta's own SQL works on every table:\n"
+            "  ... FROM messages VERSION AS OF 3 ...\n"
+            "  ... FROM deliveries TIMESTAMP AS OF '2026-11-22 08:00:00' ...   (UTC)\n"
+            "  DESCRIBE HISTORY trash          DESCRIBE DETAIL messages\n"
+            "Delta refuses a TIMESTAMP AS OF before a table's first commit or after its last one.\n"
+            "--version / --as-of below pin tables instead (a pinned table takes no AS OF of its own)."
         ),
         epilog=(
             "examples:\n"
@@ -447,7 +590,9 @@ def _parser() -> argparse.ArgumentParser:
             "  smqp-sql \"SELECT topic, date_trunc('HOUR', accepted_at) AS hour, count(*) AS n\n"
             "            FROM messages GROUP BY 1, 2 ORDER BY 2, 1\"\n"
             "  smqp-sql \"SELECT count(*) FROM deliveries WHERE status = 'pending'\" --as-of 2026-11-22T08:00Z\n"
-            "  smqp-sql \"SELECT * FROM messages\" --version messages=3 --csv out/messages.csv\n\n"
+            "  smqp-sql \"SELECT * FROM messages\" --version messages=3 --csv out/messages.csv\n"
+            "  smqp-sql \"DESCRIBE HISTORY trash\"\n\n"
+            "Exit status: 0 ok, 1 an error in the statement or the history (one message on stderr), 2 usage.\n"
             "Configuration: --config or $SMQP_CONFIG, then SMQP_<SECTION>_<KEY> variables\n"
             "(SMQP_DATA_DIR=... points at another data directory); see deploy/smqp.example.toml."
         ),
@@ -458,11 +603,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", metavar="DIR", help="data directory (overrides the configuration)")
     travel = parser.add_mutually_exclusive_group()
     travel.add_argument("--version", action="append", metavar="[TABLE=]N",
-                        help="read TABLE at Delta version N (repeatable); a bare N applies to every "
+                        help="pin TABLE at Delta version N (repeatable); a bare N pins every "
                              "table the statement names")
     travel.add_argument("--as-of", action="append", metavar="[TABLE=]TIMESTAMP",
-                        help="read every table (or TABLE) as it was at TIMESTAMP: ISO 8601 "
-                             "(2026-11-22T08:00:00Z; no zone = UTC) or SMQP D20261122T080000Z")
+                        help="pin every table (or TABLE) as it was at TIMESTAMP: ISO 8601 "
+                             "(2026-11-22T08:00:00Z; no zone = UTC) or SMQP D20261122T080000Z; "
+                             "a table created later reads as empty")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--csv", metavar="OUT", help="write the result to one CSV file (nested values as JSON)")
     output.add_argument("--parquet", metavar="OUT", help="write the result to one Parquet file")
@@ -485,15 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     config = load_config(args.config, **overrides)
     try:
-        if args.tables:
-            print(describe_tables(config))
-            if not statement:
-                return 0
         names = table_names(config)
         shared_version, versions = _per_table(args.version, "version", _version)
-        shared_moment, moments = _per_table(args.as_of, "as-of", lambda t: parse_when(t))
+        shared_moment, moments = _per_table(args.as_of, "as-of", parse_when)
         if shared_version is not None:
-            for name in tables_named(statement, names) or names:
+            for name in tables_named(statement or "", names) or names:
                 versions.setdefault(name, shared_version)
         if shared_moment is not None:
             for name in names:
@@ -502,25 +644,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smqp-sql: {exc}", file=sys.stderr)
         return 1
 
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
-    borrowed = SparkSession.getActiveSession() is not None  # in-process callers keep their session
+    borrowed = SparkSession.getActiveSession() is not None  # in-process callers keep their session as it was
     spark = history_session(config)
+    session = spark.newSession() if borrowed else spark
     try:
-        register_views(spark, config, version=versions or None, timestamp=moments or None,
-                       versions_view=bool(tables_named(statement, [VERSIONS_VIEW])))
-        frame = sql(spark, config, statement)
-        if args.csv or args.parquet:
-            out = args.csv or args.parquet
-            count = _write(frame, out, "csv" if args.csv else "parquet")
-            print(f"{count} row(s) written to {out}", file=sys.stderr)
-        else:
-            frame.show(n=args.max_rows, truncate=False, vertical=args.vertical)
+        with _quiet_query_errors():
+            if args.tables:
+                print(describe_tables(session, config))
+                if not statement:
+                    return 0
+            register_tables(session, config, version=versions or None, timestamp=moments or None,
+                            versions_view=bool(tables_named(statement, [VERSIONS_VIEW])))
+            frame = session.sql(statement)
+            if args.csv or args.parquet:
+                out = args.csv or args.parquet
+                count = _write(frame, out, "csv" if args.csv else "parquet")
+                print(f"{count} row(s) written to {out}", file=sys.stderr)
+            else:
+                frame.show(n=args.max_rows, truncate=False, vertical=args.vertical)
         return 0
-    except (HistoryError, PySparkException) as exc:
-        message = exc.getMessage() if hasattr(exc, "getMessage") else str(exc)
-        print(f"smqp-sql: {message}", file=sys.stderr)
+    except HistoryError as exc:
+        print(f"smqp-sql: {exc}", file=sys.stderr)
+        return 1
+    except (PySparkException, Py4JJavaError) as exc:
+        print(f"smqp-sql: {_spark_message(exc, config)}", file=sys.stderr)
         return 1
     finally:
         if not borrowed:

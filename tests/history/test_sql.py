@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -98,7 +99,7 @@ def test_open_history_registers_every_table(history, spark):
     open_history(history.config, timestamp={"deliveries": history.t1}, spark=session)
     assert session.sql("SELECT count(*) FROM deliveries").first()[0] == 8
     assert session.sql("SELECT count(*) FROM messages").first()[0] == 8
-    read = hist.register_views(session, history.config, version={"messages": 0})
+    read = hist.register_tables(session, history.config, version={"messages": 0})
     assert read["messages"] == 0 and read["deliveries"] == DeltaTable(history.config.table_path("deliveries")).version()
 
 
@@ -119,7 +120,16 @@ def test_readme_example_queries_run(history, tmp_path):
 
 def test_errors_are_reported_not_raised(history, capsys):
     assert main(["SELECT nothing FROM nowhere", "--data-dir", history.data_dir]) == 1
-    assert "nowhere" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nowhere" in err and re.search(r"tables under .*: messages, deliveries", err), err
+    assert main(["SELECT * FROM messages VERSION AS OF 999", "--data-dir", history.data_dir]) == 1
+    err = capsys.readouterr().err
+    assert "Cannot time travel Delta table to version 999" in err, err
+    assert err.count("smqp-sql:") == 1 and "\tat " not in err and "Traceback" not in err, err
+    # Delta refuses a moment before the table's first commit; the message says what --as-of does instead
+    assert main(["SELECT * FROM messages TIMESTAMP AS OF '2001-08-23'", "--data-dir", history.data_dir]) == 1
+    err = capsys.readouterr().err
+    assert "before the earliest version" in err and "--as-of TIMESTAMP reads a table as empty" in err, err
     assert main(["SELECT 1 FROM messages", "--data-dir", history.data_dir, "--version", "messages=999"]) == 1
     assert "messages" in capsys.readouterr().err
     assert main(["SELECT 1", "--data-dir", history.data_dir, "--as-of", "yesterday"]) == 1
@@ -130,6 +140,7 @@ def test_console_script(history, tmp_path):
     script = Path(sys.executable).with_name("smqp-sql")
     help_text = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0 and "--as-of" in help_text.stdout and "table_versions" in help_text.stdout
+    assert "DESCRIBE HISTORY" in help_text.stdout and "VERSION AS OF" in help_text.stdout
     out = tmp_path / "weather.csv"
     run = subprocess.run([script, "SELECT smuid, topic FROM messages WHERE topic = '/news/weather' ORDER BY smuid",
                           "--csv", str(out)], capture_output=True, text=True, timeout=240,
@@ -137,9 +148,12 @@ def test_console_script(history, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     with open(out, newline="") as handle:
         assert [int(r["smuid"]) for r in csv.DictReader(handle)] == history.smuids[WEATHER]
-    tables = subprocess.run([script, "--tables"], capture_output=True, text=True, timeout=60,
-                            env={**_env(), "SMQP_DATA_DIR": history.data_dir})
-    assert tables.returncode == 0 and re.search(r"\| messages\s+\| \d+\s+\|", tables.stdout), tables.stdout
+    # --tables, then a statement Delta refuses: one JVM for both; the error is one line, no Java stack
+    tables = subprocess.run([script, "--tables", "SELECT * FROM messages VERSION AS OF 999"], capture_output=True,
+                            text=True, timeout=240, env={**_env(), "SMQP_DATA_DIR": history.data_dir})
+    assert re.search(r"\| messages\s+\| \d+\s+\|", tables.stdout), tables.stdout
+    assert tables.returncode == 1 and "smqp-sql: [DELTA_VERSION_NOT_FOUND]" in tables.stderr, tables.stderr[-2000:]
+    assert "\tat " not in tables.stderr and "Traceback" not in tables.stderr, tables.stderr[-2000:]
 
 
 def _env() -> dict:
@@ -158,16 +172,53 @@ def test_snapshots_of_tables_written_directly(tmp_path, spark):
     two = pa.table({"smuid": pa.array([2], pa.int64()), "day": ["2026-11-22"], "kind": ["ONE"]})
     write_deltalake(path, two, mode="append", schema_mode="merge", partition_by=["day"])
     session = spark.newSession()
-    read = hist.register_views(session, config)
+    read = hist.register_tables(session, config)
     assert read == {"receipts": 1}
     got = sorted(session.sql("SELECT smuid, day, kind FROM receipts").collect())
     assert [tuple(r) for r in got] == [(1, "2026-11-21", None), (2, "2026-11-22", "ONE")]
+    assert session.sql("SELECT * FROM receipts VERSION AS OF 0").columns == ["smuid", "day"]
     assert hist.read_table(session, config, "receipts", version=0).count() == 1
     assert hist.read_table(session, config, "receipts", timestamp=created).count() == 1
+    assert hist.read_table(session, config, "receipts", timestamp="2001-08-23T14:45:12Z").count() == 0
     with pytest.raises(HistoryError, match="versions 0..1"):
-        hist.snapshot(config, "receipts", version=5)
+        hist.read_table(session, config, "receipts", version=5)
     with pytest.raises(HistoryError, match="no Delta table 'trash'"):
-        hist.snapshot(config, "trash")
+        hist.read_table(session, config, "trash")
+    assert DeltaTable(path).version() == 1  # registering and reading committed nothing
+
+
+def _table(config, name: str, smuids: list[int]) -> None:
+    write_deltalake(config.table_path(name), pa.table({"smuid": pa.array(smuids, pa.int64())}), mode="append")
+
+
+def test_two_data_dirs_in_one_session_never_share_a_name(tmp_path, spark):
+    """The catalog is the JVM's: data dir B opened after A must not find A's tables, pins or commits."""
+    a = load_config(env={}, data_dir=str(tmp_path / "a"))
+    b = load_config(env={}, data_dir=str(tmp_path / "b"))
+    _table(a, "messages", [1, 2, 3])
+    _table(a, "messages", [4])
+    _table(a, "receipts", [1])
+    _table(b, "messages", [10])
+    session = spark.newSession()
+
+    def count(statement: str) -> int:
+        return session.sql(statement).first()[0]
+
+    open_history(a, version={"messages": 0}, spark=session)
+    assert count("SELECT count(*) FROM messages") == 3 and count("SELECT count(*) FROM receipts") == 1
+    open_history(b, spark=session)
+    assert count("SELECT sum(smuid) FROM messages") == 10  # B's, not A's pin nor A's table
+    assert count("SELECT count(*) FROM messages VERSION AS OF 0") == 1
+    assert not session.catalog.tableExists("receipts")
+    assert {r.table for r in session.sql("SELECT table FROM table_versions").collect()} == {"messages"}
+    assert count("SELECT max(version) FROM table_versions") == 0
+    # sql() switches too, and a table gone from disk is forgotten
+    shutil.rmtree(a.table_path("receipts"))
+    assert hist.sql(session, a, "SELECT count(*) FROM messages").first()[0] == 4
+    assert not session.catalog.tableExists("receipts") and not session.catalog.tableExists("table_versions")
+    assert hist.sql(session, b, "SELECT count(*) FROM messages").first()[0] == 1
+    # the test session itself (shared by the whole suite) was never touched
+    assert spark.catalog.currentDatabase() == "default" and not spark.catalog.tableExists("messages")
 
 
 def test_parse_when_accepts_iso_and_smqp_times():
