@@ -40,12 +40,12 @@ FLOW_S = 300
 
 
 def job_config_file(config, path) -> str:
-    """The TOML the submitted job reads: this test's broker, topics, tables and query name."""
+    """The TOML the submitted job reads: this test's broker, topics, tables, query name and commands source."""
     path.write_text(
         f'data_dir = "{config.data_dir}"\n'
         f'[kafka]\nbootstrap = "{config.kafka.bootstrap}"\n'
         f'commands_topic = "{config.kafka.commands_topic}"\ndeliveries_topic = "{config.kafka.deliveries_topic}"\n'
-        f'[streaming]\nquery_name = "{config.streaming.query_name}"\n')
+        f'[streaming]\nquery_name = "{config.streaming.query_name}"\nsource = "{config.streaming.source}"\n')
     return str(path)
 
 
@@ -148,9 +148,13 @@ def finished_state(cluster: StandaloneCluster, app: dict, timeout: float = 30) -
     return None
 
 
-def test_the_job_runs_unchanged_on_a_standalone_cluster_exactly_once(broker, tmp_path):
+@pytest.mark.parametrize("source", ["python", "kafka"])
+def test_the_job_runs_unchanged_on_a_standalone_cluster_exactly_once(broker, tmp_path, source):
+    """With either commands source; Spark's own Kafka connector reads on the executors, its jars
+    (and delta-spark's) shipped by spark-submit.sh's --jars from the Maven cache."""
     started = time.monotonic()
     config = stack_config(broker, tmp_path, ACCOUNTS)
+    config = replace(config, streaming=replace(config.streaming, source=source))
     ui_port = free_port()
     with ExitStack() as stack:
         cluster = stack.enter_context(StandaloneCluster(tmp_path / "spark", workers=2, cores=1, memory="1g"))
