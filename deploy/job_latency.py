@@ -327,18 +327,26 @@ def render_medians(by_source: Mapping) -> str:
     for phase in ("quiet", "load"):
         for label, key, target in ROWS:
             body.append([f"{phase}: {label}" + (f" [{target}]" if target else ""),
-                         *(_cell(by_source[source][phase][key]) for source in sources)])
+                         *(_cell(by_source[source][phase][key]) + _max(by_source[source][phase][key], key)
+                           for source in sources)])
         for label, key in (("batch total (sink log), ms", "sink_total_ms"), ("routing query plan, ms", "sink_plan_ms"),
                            ("plan share of batch, %", "sink_plan_share_pct"),
                            ("Spark trigger (metrics table), ms", "spark_batch_ms")):
             body.append([f"{phase}: {label}", *(_cell(by_source[source][phase][key], ("p50", "p90", "p99"))
                                                  for source in sources)])
         body.append([f"{phase}: ≤ 1,000-command batches ≤ 300 ms (sink), %",
-                     *(str(by_source[source][phase]["sink_small_fast_pct"]) for source in sources)])
+                     *(_cell({"pct": by_source[source][phase]["sink_small_fast_pct"]}, ("pct",))
+                       for source in sources)])
     widths = [max(len(row[c]) for row in [header, *body]) for c in range(len(header))]
     lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in [header, *body]]
     lines.insert(1, "-|-".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def _max(summary: Mapping, key: str) -> str:
+    if not key.startswith("expiry") or summary.get("max_ms") is None:
+        return ""
+    return ", max never" if math.isinf(summary["max_ms"]) else f", max {summary['max_ms']:,.0f}"
 
 
 def _median(values: Iterable[float | None]) -> float | None:
