@@ -694,8 +694,13 @@ class CommandSink:
             DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name,
                               configuration=TABLE_PROPERTIES)
         table = DeltaTable(path)
-        if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():  # a table made before
-            table.alter.set_table_properties(TABLE_PROPERTIES)
+        configured = table.metadata().configuration
+        # a table made before the pin: delta-rs cannot set the column mapping key on an existing
+        # table, and absent it means "none" there, so only the other keys are set
+        missing = {key: value for key, value in TABLE_PROPERTIES.items()
+                   if configured.get(key) != value and key != "delta.columnMapping.mode"}
+        if missing:
+            table.alter.set_table_properties(missing)
             table = DeltaTable(path)
         present = {f.name for f in table.schema().fields}
         missing = [f for f in arrow_schema(TABLES[name]) if f.name not in present]

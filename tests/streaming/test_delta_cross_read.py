@@ -74,3 +74,17 @@ def test_the_gateways_read_what_an_operators_delta_spark_session_changed(spark, 
 
     CommandSink(config)._commit_messages(_messages([7]), batch_id=1)
     assert store.smuids(TOPIC) == [1, 3, 4, 6, 7]
+
+
+def test_a_table_made_before_the_pin_gets_it_at_the_jobs_next_commit(spark, tmp_path):
+    from deltalake import DeltaTable, write_deltalake
+
+    config = load_config(env={}, data_dir=str(tmp_path))
+    path = config.table_path("messages")
+    write_deltalake(path, _messages([1]))  # as an older job made it: no table properties
+    CommandSink(config)._commit_messages(_messages([2]), batch_id=0)
+    configured = DeltaTable(path).metadata().configuration
+    assert configured["delta.enableDeletionVectors"] == "false"
+    assert configured["delta.enableChangeDataFeed"] == "false"
+    assert "delta.columnMapping.mode" not in configured  # absent means none; delta-rs cannot set it later
+    assert sorted(r["smuid"] for r in spark.sql(f"SELECT smuid FROM delta.`{path}`").collect()) == [1, 2]
