@@ -54,6 +54,11 @@ def jar_dir(name: str, *, quiet: bool = True) -> Path:
     return target
 
 
+def jar_files(name: str) -> list[Path]:
+    """Every jar file of set ``name``, in name order (fetched first if missing or stale)."""
+    return sorted(jar_dir(name).glob("*.jar"))
+
+
 def classpath(name: str) -> str:
     """A Java class path naming every jar of set ``name`` (``dir/*``)."""
     return str(jar_dir(name) / "*")
@@ -93,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         for name in args.names:
-            found = jar_dir(name, quiet=True)
-            print(",".join(str(p) for p in sorted(found.glob("*.jar"))) if args.list else f"{name}: {found}")
+            print(",".join(map(str, jar_files(name))) if args.list else f"{name}: {jar_dir(name)}")
     except JarsUnavailable as error:
         print(f"deploy.jars: {error}", file=sys.stderr)
         return 1

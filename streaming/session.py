@@ -53,16 +53,17 @@ JARS = "spark-jars"
 
 def job_jars() -> str:
     """``spark.jars``: the connector's and delta-spark's jar files, fetched into the cache on first use."""
-    from deploy.jars import jar_dir
+    from deploy.jars import jar_files
 
-    return ",".join(str(path) for path in sorted(jar_dir(JARS).glob("*.jar")))
+    return ",".join(map(str, jar_files(JARS)))
 
 
 def session_conf(config: StreamingConfig, submitted: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark properties this process sets on its session builder.
 
-    Lean defaults and the job's jars (:func:`job_jars`), then ``config.shuffle_partitions`` and ``config.master``,
-    then ``config.spark_conf``; ``submitted`` (the properties ``spark-submit``
+    Lean defaults, then ``config.shuffle_partitions`` and ``config.master``,
+    then ``config.spark_conf``, then the job's jars (:func:`job_jars`) ahead of
+    any ``spark.jars`` it names; ``submitted`` (the properties ``spark-submit``
     already gave the JVM, ``None`` when there is no spark-submit) removes every
     key it holds, so the command line always wins, as an operator expects.
     """
@@ -73,10 +74,10 @@ def session_conf(config: StreamingConfig, submitted: Mapping[str, str] | None = 
         "spark.master": config.master,
         **{str(key): str(value) for key, value in config.spark_conf.items()},
     }
-    if submitted is not None:
-        conf = {key: value for key, value in conf.items() if key not in submitted}
-    if submitted is None:  # under spark-submit, --jars (deploy/spark-submit.sh) or the image's jars directory
+    if submitted is None:
         conf["spark.jars"] = ",".join(filter(None, [job_jars(), conf.get("spark.jars", "")]))
+    else:  # the jars come with --jars (deploy/spark-submit.sh) or the image's jars directory
+        conf = {key: value for key, value in conf.items() if key not in submitted}
     return conf
 
 

@@ -65,6 +65,14 @@ def test_the_session_sets_master_lean_defaults_and_configured_properties(tmp_pat
     assert conf["spark.sql.codegen.wholeStage"] == LEAN_CONF["spark.sql.codegen.wholeStage"]
 
 
+def test_the_session_loads_the_connector_and_delta_jars_ahead_of_the_operators_own(tmp_path):
+    config = load_config(env={}, streaming={"spark_conf": {"spark.jars": "/opt/extra/udfs.jar"}})
+    jars = session_conf(config.streaming)["spark.jars"].split(",")
+    names = [jar.rsplit("/", 1)[-1] for jar in jars]
+    assert "spark-sql-kafka-0-10_2.13-4.2.0.jar" in names and "delta-spark_2.13-4.4.0.jar" in names
+    assert jars[-1] == "/opt/extra/udfs.jar"
+
+
 def test_under_spark_submit_its_master_and_conf_win():
     config = load_config(env={}, streaming={"spark_conf": {"spark.executor.memory": "2g", "spark.cores.max": "8"}})
     submitted = {"spark.master": "spark://127.0.0.1:7077", "spark.executor.memory": "512m",
