@@ -34,10 +34,14 @@ async def list_offsets(cluster: Cluster, topic: str, partitions: list[int], at: 
     return found
 
 
-async def topic_ends(settings: ClientSettings, topic: str, client_id: str) -> dict[int, int]:
-    """The high watermark of every partition of ``topic``, on connections of its own (closed after)."""
+async def topic_ends(settings: ClientSettings, topic: str, client_id: str,
+                     partitions: list[int] | None = None) -> dict[int, int]:
+    """The high watermark of ``partitions`` of ``topic`` (every one when None), on connections of
+    its own (closed after)."""
     cluster = Cluster(settings, client_id=client_id)
     try:
-        return await list_offsets(cluster, topic, await cluster.partitions(topic), LATEST)
+        if partitions is None:
+            partitions = await cluster.partitions(topic)
+        return await list_offsets(cluster, topic, partitions, LATEST)
     finally:
         cluster.close()

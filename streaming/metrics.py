@@ -38,8 +38,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from kafka_edge import Cluster
-from kafka_edge.offsets import LATEST, list_offsets
+from kafka_edge.offsets import topic_ends
 from schemas.config import KafkaConfig, SMQPConfig
 from schemas.metrics import DURATION_PHASES, METRICS_TABLE
 from schemas.spark import TABLE_PROPERTIES, arrow_schema
@@ -175,14 +174,8 @@ class KafkaEnds:
         """High watermark per partition of ``positions`` (partition → the batch's end there)."""
         if not positions:
             return {}
-        return asyncio.run(asyncio.wait_for(self._ends(sorted(positions)), self.timeout_s))
-
-    async def _ends(self, partitions: list[int]) -> dict[int, int]:
-        cluster = Cluster(self._settings, client_id="smqp-metrics-lag")
-        try:
-            return await list_offsets(cluster, self.topic, partitions, LATEST)
-        finally:
-            cluster.close()
+        ends = topic_ends(self._settings, self.topic, "smqp-metrics-lag", sorted(positions))
+        return asyncio.run(asyncio.wait_for(ends, self.timeout_s))
 
 
 class MetricsRecorder:
