@@ -34,6 +34,8 @@ from typing import Callable
 
 import pyarrow as pa
 
+from deploy.compare_report import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "smuid long, account string, status string"
 
@@ -108,11 +110,6 @@ def _timed(commit: Callable[[int, pa.Table], None], commits: int, rows: int, fir
     return times
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.delta_writers", description=__doc__.split("\n\n")[0],
                                      epilog="See the module docstring for what is measured.")
@@ -145,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     summary = {writer: {kind: {"p50_ms": round(statistics.median(times), 1),
-                               "p90_ms": round(_percentile(times, 0.9), 1), "commits": len(times)}
+                               "p90_ms": round(percentile(times, 0.9), 1), "commits": len(times)}
                         for kind, times in kinds.items()} for writer, kinds in results.items()}
     print(f"\nper commit of {args.rows} rows with an app transaction ({args.rounds} alternating rounds):")
     print(f"{'writer':12} {'append p50/p90 ms':>20} {'merge p50/p90 ms':>20}")

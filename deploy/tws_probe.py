@@ -66,6 +66,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+from deploy.compare_report import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "tws-probe.commands"
 VARIANTS = ("tws", "tws-fb", "sql")
@@ -349,13 +351,6 @@ def run_segment(variant: str, spark, bootstrap: str, seconds: float, args: argpa
 
 # --- figures ---------------------------------------------------------------------------------------
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
 def summary(segments: list[dict], warmup: int, target_ms: float) -> dict:
     """p50 / p90 / p99 of each duration over every segment's batches after the first ``warmup``."""
     batches = [b for s in segments for i, b in enumerate(sorted(s["batches"], key=lambda b: b["batch"]))
@@ -367,8 +362,8 @@ def summary(segments: list[dict], warmup: int, target_ms: float) -> dict:
     for key in keys:
         values = [b[key] for b in batches if b.get(key) is not None]
         if values:
-            figures[key] = {"p50": percentile(values, 50), "p90": percentile(values, 90),
-                            "p99": percentile(values, 99), "mean": round(statistics.fmean(values), 1)}
+            figures[key] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
+                            "p99": percentile(values, 0.99), "mean": round(statistics.fmean(values), 1)}
     total = sum(b.get("triggerExecution", 0) for b in batches)
     planning = sum(b.get("queryPlanning", 0) + b.get("analysis_ms", 0) + b.get("plan_ms", 0) for b in batches)
     figures["planning_share"] = round(planning / total, 3) if total else None
