@@ -7,21 +7,9 @@ from datetime import datetime
 
 import pytest
 
-from deploy.job_latency import (
-    Sample,
-    committed_batch,
-    env_settings,
-    latencies,
-    medians,
-    parse_sink_line,
-    render_table,
-    result_path,
-    run_order,
-    sink_figures,
-    spark_figures,
-    spread,
-    started_within,
-)
+from deploy.job_latency import Sample, env_settings, latencies, result_path, run_order
+from deploy.job_latency_report import (committed_batch, medians, parse_sink_line, render_table, sink_figures,
+                                       spark_figures, spread, started_within)
 
 LINE = ("2026-11-27 22:13:20,438 INFO streaming.sink: batch 9: 3248 records in, 0 deliveries, 0 acks, 0 expired, "
         "0 trashed, 0 receipts, 3890 ms (spark 3804, delta 85); routing query: plan 2007 ms, run 1298 ms")
