@@ -37,7 +37,7 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
-from schemas.topics import account_topic_owner, ancestors, covers, is_account_topic, parent, parse_pattern
+from schemas.topics import account_topic_owner, ancestors, candidate_patterns, covers, is_account_topic, parent, parse_pattern
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"
@@ -67,10 +67,9 @@ class Subscription:
 
 @lru_cache(maxsize=4096)
 def _candidate_patterns(topic: str) -> tuple[str, ...]:
-    """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
-    proper ancestor (``streaming.routing.candidate_patterns_sql``, the job's form).  Cached: the
-    gateway asks for every publish it reads back (:meth:`Registry.may_reach`)."""
-    return (topic, *(f"{ancestor}/*" for ancestor in ancestors(topic)))
+    """:func:`schemas.topics.candidate_patterns`, cached: the gateway asks for every publish it reads
+    back (:meth:`Registry.may_reach`)."""
+    return candidate_patterns(topic)
 
 
 @dataclass(frozen=True)

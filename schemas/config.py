@@ -126,6 +126,10 @@ class StreamingConfig:
     # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
     # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
     source: str = "python"
+    # route the common batch (publishes and ACKs only, nothing expiring, no receipt due) on the driver
+    # (streaming.simple_batch) instead of planning the routing query for it; false: every batch through
+    # the routing query, for comparison
+    simple_batches: bool = True
     # extra Spark properties for the job's session; spark-submit's --conf wins over them
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # CPU priority of the job (its driver, JVM and Python workers) where it shares a host with gateways:

@@ -121,6 +121,14 @@ def ancestors(topic: str) -> list[str]:
     return ["/" + "/".join(levels[:i]) for i in range(1, len(levels))]
 
 
+def candidate_patterns(topic: str) -> tuple[str, ...]:
+    """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
+    proper ancestor, ``/a/b/c`` → ``("/a/b/c", "/a/*", "/a/b/*")``.  Routing looks a publish's
+    subscribers up by these (the gateway's early routing and the job's simple batches); the job's
+    SQL form is ``streaming.routing.candidate_patterns_sql``."""
+    return (topic, *(f"{ancestor}/*" for ancestor in ancestors(topic)))
+
+
 def is_account_topic(topic: str) -> bool:
     """``/accounts`` and everything below it: created with accounts, never by clients."""
     return topic == ACCOUNTS_ROOT or topic.startswith(ACCOUNTS_ROOT + "/")

@@ -48,7 +48,7 @@ from schemas.events import Ack, Acked, AckedBatch, Deliver, Nack, Publish, Remov
 from schemas.queue_params import TopicSettings
 from schemas.spark import (DELIVERIES_TABLE, MESSAGES_TABLE, RECEIPTS_TABLE, SUBSCRIPTIONS_TABLE, TABLE_PROPERTIES,
                            TABLES, TRASH_TABLE, arrow_schema)
-from streaming import dispatch, routing
+from streaming import dispatch, routing, simple_batch
 from streaming.retention import TrashSweeper
 
 log = logging.getLogger(__name__)
@@ -1063,7 +1063,8 @@ WHERE {alive}({matches})
 
     def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime,
                 records: pa.Table | None = None) -> dict[str, pa.Table]:
-        """Every output of one batch, computed by the routing transforms in **one** Spark job.
+        """Every output of one batch: a simple batch (:func:`simple_batch.is_simple`) routed on the
+        driver (:func:`simple_batch.route`), any other by the routing transforms in **one** Spark job.
 
         Spark pays a fixed cost per job and per stage that dwarfs the work of a
         micro-batch, so the outputs are one query (:func:`batch_sql`, the
@@ -1101,26 +1102,49 @@ WHERE {alive}({matches})
         late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
         sinced = [a for a, _, since in subscribed if since]
         clearable = self.clearable(deliveries, sinced)
-        frames = {"current": self.current_subscriptions(spark)}
         expiry = may_expire(arrow_records, now, pending)
         late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
         # a publish of the batch may be owed its receipt now: 0/0 or X/Y when it is already expired, or
         # acknowledged in the same batch (a gateway routed it early)
         receipts = (state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
                     or acks_its_own_receipt_publish(arrow_records))
-        sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts,
-                        has_delivery_one(arrow_records), late,
-                        clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
-                        orphaned.num_rows > 0, releases=retrying.num_rows > 0)
-        # The records decoded once, here (every branch of the query would otherwise re-read the source),
-        # each kind of event a relation of its own (:func:`events_by_kind`).
-        relations = {f"decoded_{kind}": (rows, routing.EVENTS)
-                     for kind, rows in events_by_kind(decode_records(arrow_records)).items()}
-        relations.update(pending=(pending, routing.PENDING), retrying=(retrying, routing.RETRYING),
-                         late_stored=(late_stored, _STORED), late_held=(late_held, routing.HELD),
-                         clearable=(clearable, routing.CLEARABLE), orphaned=(orphaned, routing.ORPHANED),
-                         receipt_state=(state, routing.RECEIPT_STATE), receipted=(receipted, _RECEIPTED),
-                         stored=(stored, _STORED))
+        one = has_delivery_one(arrow_records)
+        shape = simple_batch.Shape(nacks=bool(nacked), subscriptions=bool(subscribed) or _any_record(
+            arrow_records, _of_type(Unsubscribe.TYPE)), removals=bool(removed) or orphaned.num_rows > 0,
+            expiry=any(expiry), receipts=receipts, delivery_one=one)
+        # The records decoded once, here (every branch of the query would otherwise re-read the source).
+        decoded = decode_records(arrow_records)
+        started = time.monotonic()
+        if self.config.streaming.simple_batches and simple_batch.is_simple(shape):
+            rows = simple_batch.route(decoded, self.active_subscriptions(), batch_id, routed_at, now)
+            out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
+            self.query_ms = {"plan": 0.0, "run": (time.monotonic() - started) * 1000}
+        else:
+            sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts, one, late,
+                            clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
+                            orphaned.num_rows > 0, releases=retrying.num_rows > 0)
+            # each kind of event a relation of its own (:func:`events_by_kind`)
+            relations = {f"decoded_{kind}": (rows, routing.EVENTS) for kind, rows in events_by_kind(decoded).items()}
+            relations.update(pending=(pending, routing.PENDING), retrying=(retrying, routing.RETRYING),
+                             late_stored=(late_stored, _STORED), late_held=(late_held, routing.HELD),
+                             clearable=(clearable, routing.CLEARABLE), orphaned=(orphaned, routing.ORPHANED),
+                             receipt_state=(state, routing.RECEIPT_STATE), receipted=(receipted, _RECEIPTED),
+                             stored=(stored, _STORED))
+            out = self._routing_query(spark, sql, relations)
+        out["progress"] = pa.Table.from_pylist(_progress(arrow_records), schema=arrow_schema(PROGRESS))
+        out["expired"] = pa.concat_tables([out["expired"], _withheld_records(out["deliveries"])])
+        if markers.num_rows:
+            rows = out["deliveries"]
+            taken = rows.filter(pc.equal(rows.column("account"), "")).column("smuid")  # one row per key
+            markers = markers.filter(pc.invert(pc.is_in(markers.column("smuid"), taken)))
+            out["deliveries"] = pa.concat_tables([rows, markers.cast(rows.schema)])
+        return out
+
+    def _routing_query(self, spark: SparkSession, sql: str,
+                       relations: dict[str, tuple[pa.Table, StructType]]) -> dict[str, pa.Table]:
+        """The outputs but ``progress`` of the routing query ``sql`` (:func:`batch_sql`) over ``relations``
+        (name → rows and their type), run as one Spark job; ``query_ms`` says how long it took."""
+        frames = {"current": self.current_subscriptions(spark)}
         for name, (arrow, schema) in relations.items():
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
@@ -1133,7 +1157,7 @@ WHERE {alive}({matches})
         planned = time.monotonic()
         arrow = query.toArrow()
         self.query_ms = {"plan": (planned - started) * 1000, "run": (time.monotonic() - planned) * 1000}
-        out = {"progress": pa.Table.from_pylist(_progress(arrow_records), schema=arrow_schema(PROGRESS))}
+        out = {}
         for kind in OUTPUTS:
             if kind == "progress":
                 continue
@@ -1141,12 +1165,6 @@ WHERE {alive}({matches})
             out[kind] = pa.Table.from_batches(
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
                 schema=pa.schema(list(column.type)))
-        out["expired"] = pa.concat_tables([out["expired"], _withheld_records(out["deliveries"])])
-        if markers.num_rows:
-            rows = out["deliveries"]
-            taken = rows.filter(pc.equal(rows.column("account"), "")).column("smuid")  # one row per key
-            markers = markers.filter(pc.invert(pc.is_in(markers.column("smuid"), taken)))
-            out["deliveries"] = pa.concat_tables([rows, markers.cast(rows.schema)])
         return out
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:

@@ -1,0 +1,209 @@
+"""The common micro-batch, routed on the driver: publishes and ACKs, and nothing else to decide.
+
+Why: Spark plans the routing query (:func:`streaming.sink.batch_sql`) anew for every micro-batch,
+and planning alone took 0.4-1.1 s of each (analysis and optimisation of ~26,000 characters of
+SQL), then running its dozen stages about as long: a batch took 1.9-2.4 s (p50) however few
+commands it held.  Most batches of a broker at work hold only publishes of DELIVERY ALL
+messages and the ACKs of their subscribers; for those, the routing query reduces to a lookup of
+each publish's subscribers and a join of the ACKs, which this module does in Python over the
+batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
+
+A batch is *simple* (:func:`is_simple`) when it holds no (UN)SUBSCRIBE, NACK, REMOVE TOPIC or
+DELIVERY ONE publish, nothing in it or stored expires by its clock, and no receipt falls due;
+everything else still goes to the routing query, which stays the definition.  Every output here
+equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
+it by property test.  The subscribers come from the same rule the gateways route early by
+(:func:`schemas.topics.candidate_patterns`, :func:`schemas.topics.account_topic_owner`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+
+from schemas.topics import account_topic_owner, candidate_patterns
+
+#: Everything :func:`route` decides, each as the routing query's output of that name.
+ROUTED = ("deliver", "acked", "expired", "messages", "trash", "deliveries", "subscriptions", "receipts")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a batch holds beyond publishes and ACKs, as the sink's reads before routing found it."""
+
+    nacks: bool = False
+    subscriptions: bool = False  # a SUBSCRIBE or UNSUBSCRIBE
+    removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
+    expiry: bool = False  # a message of the batch, or a stored delivery, may expire by the batch's clock
+    receipts: bool = False  # a receipt may fall due
+    delivery_one: bool = False  # a DELIVERY ONE publish
+
+
+def is_simple(shape: Shape) -> bool:
+    """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
+    return not any((shape.nacks, shape.subscriptions, shape.removals, shape.expiry, shape.receipts,
+                    shape.delivery_one))
+
+
+def _valid(event: dict) -> bool:
+    """A publish or an ACK with the fields it needs (:data:`routing._VALID`; other kinds are not routed here)."""
+    if event["type"] == "publish":
+        return None not in (event["account"], event["smuid"], event["topic"])
+    return event["type"] == "ack" and None not in (event["account"], event["smuid"])
+
+
+def _position(event: dict) -> tuple:
+    seq = event["seq"]
+    return seq["timestamp"], seq["partition"], seq["offset"]
+
+
+def _first_per(events: list[dict], key) -> dict:
+    """``key(event)`` → the first such event by position: a repeat in the batch counts once."""
+    first: dict = {}
+    for event in sorted(events, key=_position):
+        first.setdefault(key(event), event)
+    return first
+
+
+def _unguaranteed(headers: list | None) -> bool:
+    """``Guarantee: NO`` among ``headers`` (:func:`routing.unguaranteed_sql`)."""
+    return any(len(h) > 1 and h[0] is not None and h[0].lower() in ("guarantee", "guar")
+               and h[1] is not None and h[1].strip(" ").upper() == "NO" for h in headers or ())
+
+
+def _expired(expires_at: int | None, now: int | None) -> bool:
+    return None not in (expires_at, now) and expires_at <= now
+
+
+def _json(fields: dict) -> str:
+    """``fields`` as Spark's ``to_json`` writes them: compact, null fields left out."""
+    return json.dumps({name: value for name, value in fields.items() if value is not None},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def _deliver_value(account: str, publish: dict) -> str:
+    """The Deliver JSON :func:`routing.deliver_records_sql` writes."""
+    sections = [{name: value for name, value in section.items() if value is not None}
+                for section in publish["sections"] or []]
+    return _json({"type": "deliver", "account": account, "smuid": publish["smuid"], "topic": publish["topic"],
+                  "cmuid": publish["cmuid"], "publisher": publish["account"], "publisher_guid": publish["guid"],
+                  "accepted_at": publish["accepted_at"], "priority": publish["priority"] or 0,
+                  "headers": publish["headers"] or [], "sections": sections,
+                  "delivery": _lower(publish["delivery"], "all")})
+
+
+def _acked_value(account: str, smuid: int) -> str:
+    return _json({"type": "acked", "account": account, "smuid": smuid})
+
+
+def _lower(value: str | None, default: str) -> str:
+    return (value if value is not None else default).lower()
+
+
+class _Subscribers:
+    """The active subscriptions before the batch, by pattern: who a publish reaches."""
+
+    def __init__(self, current: pa.Table):
+        self._by_pattern: dict[str, list[tuple[str, int | None, int | None]]] = {}
+        since, until = (current.column(name).cast(pa.int64()).to_pylist() for name in ("since", "until"))
+        for account, pattern, since_at, until_at in zip(current.column("account").to_pylist(),
+                                                       current.column("pattern").to_pylist(), since, until):
+            self._by_pattern.setdefault(pattern, []).append((account, since_at, until_at))
+
+    def of(self, topic: str, accepted_at: int | None) -> set[str]:
+        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches: each subscription
+        covering the topic whose SINCE/UNTIL admit it, and the owner of an account topic."""
+        reached = {account for pattern in candidate_patterns(topic)
+                   for account, since, until in self._by_pattern.get(pattern, ())
+                   if account and _admits(since, until, accepted_at)}
+        if owner := account_topic_owner(topic):
+            reached.add(owner)
+        return reached
+
+
+def _admits(since: int | None, until: int | None, accepted_at: int | None) -> bool:
+    """SINCE ≤ accepted_at < UNTIL, an open bound admitting anything (an unknown time: only open bounds)."""
+    if accepted_at is None:
+        return since is None and until is None
+    return (since is None or since <= accepted_at) and (until is None or accepted_at < until)
+
+
+def route(decoded: pa.Table, current: pa.Table, batch_id: int, routed_at: datetime,
+          now: int | None) -> dict[str, list[dict]]:
+    """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
+    query's columns (timestamps as microseconds): ``decoded`` its records (:data:`routing.EVENTS`,
+    ``streaming.sink.decode_records``), ``current`` the active subscriptions before it
+    (``SUBSCRIPTIONS_TABLE`` columns), ``now`` its clock."""
+    events = [event for event in decoded.to_pylist() if _valid(event)]
+    publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
+    acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
+    subscribers = _Subscribers(current)
+    out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
+    routed: set[tuple[str, int]] = set()
+    for smuid, publish in publishes.items():
+        out["messages"].append(_message_row(publish, batch_id))
+        reached = subscribers.of(publish["topic"], publish["accepted_at"])
+        for account in sorted(reached):
+            routed.add((account, smuid))
+            ack = acks.get((account, smuid))
+            unguaranteed = _unguaranteed(publish["headers"])
+            out["deliveries"].append(_delivery_row(publish, account, ack, unguaranteed, batch_id, routed_at, now))
+            if ack is None:
+                out["deliver"].append({"key": account.encode(), "value": _deliver_value(account, publish),
+                                       "seq": publish["seq"]})
+            if unguaranteed:  # settled as soon as sent: no ACK will come
+                out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid),
+                                     "seq": publish["seq"]})
+        if not reached and publish["expires_at"] is not None:
+            out["deliveries"].append(_unrouted_row(publish, batch_id, routed_at, now))
+    for (account, smuid), ack in acks.items():
+        out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid), "seq": ack["seq"]})
+        if (account, smuid) not in routed:  # acknowledges a stored delivery (or none: then it updates nothing)
+            out["deliveries"].append(_stored_ack_row(ack))
+    return out
+
+
+def _message_row(publish: dict, batch_id: int) -> dict:
+    """A ``messages`` row (:func:`routing.message_rows_sql`)."""
+    return {"smuid": publish["smuid"], "topic": publish["topic"], "cmuid": publish["cmuid"],
+            "publisher": publish["account"], "publisher_guid": publish["guid"], "priority": publish["priority"],
+            "headers": publish["headers"], "sections": publish["sections"], "accepted_at": publish["accepted_at"],
+            "kafka_partition": publish["kafka_partition"], "kafka_offset": publish["kafka_offset"],
+            "batch_id": batch_id, "expires_at": publish["expires_at"], "receipt": _lower(publish["receipt"], "none"),
+            "delivery": _lower(publish["delivery"], "all")}
+
+
+#: A ``deliveries`` output row's columns no simple batch sets.
+_UNSET = {"acked_at": None, "acked_guid": None, "retries": None}
+
+
+def _delivery_row(publish: dict, account: str, ack: dict | None, unguaranteed: bool, batch_id: int,
+                  routed_at: datetime, now: int | None) -> dict:
+    """A new delivery (:func:`routing.delivery_updates_sql`'s first part), acknowledged already when
+    the batch holds its ACK (a gateway routed it early)."""
+    acked = ack is not None and (ack["accepted_at"] is not None or ack["guid"] is not None)
+    status = ("sent" if unguaranteed else "acked" if acked else
+              "expired" if _expired(publish["expires_at"], now) else "pending")
+    return {"account": account, "smuid": publish["smuid"], "topic": publish["topic"], "priority": publish["priority"],
+            "status": status, "routed_at": routed_at, "routed_batch_id": batch_id,
+            "acked_at": ack and ack["accepted_at"], "acked_guid": ack and ack["guid"],
+            "expires_at": publish["expires_at"], "retries": None, "receipt": _lower(publish["receipt"], "none"),
+            "delivery": _lower(publish["delivery"], "all"), "is_new": True}
+
+
+def _unrouted_row(publish: dict, batch_id: int, routed_at: datetime, now: int | None) -> dict:
+    """The row of a publish that reached nobody and can expire (account ``''``)."""
+    return {**_UNSET, "account": "", "smuid": publish["smuid"], "topic": publish["topic"],
+            "priority": publish["priority"], "status": "expired" if _expired(publish["expires_at"], now) else "unrouted",
+            "routed_at": routed_at, "routed_batch_id": batch_id, "expires_at": publish["expires_at"],
+            "receipt": None, "delivery": None, "is_new": True}
+
+
+def _stored_ack_row(ack: dict) -> dict:
+    """An ACK of a delivery of an earlier batch: updates its row, never inserts one."""
+    return {**_UNSET, "account": ack["account"], "smuid": ack["smuid"], "topic": None, "priority": None,
+            "status": "acked", "routed_at": None, "routed_batch_id": None, "acked_at": ack["accepted_at"],
+            "acked_guid": ack["guid"], "expires_at": None, "receipt": None, "delivery": None, "is_new": False}

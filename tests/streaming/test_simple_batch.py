@@ -1,0 +1,102 @@
+"""A simple batch routed on the driver (streaming.simple_batch) equals the routing query's outputs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+from deltalake import write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import events as ev
+from schemas.config import load_config
+from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
+from streaming.simple_batch import Shape, is_simple
+from streaming.sink import OUTPUTS, CommandSink
+
+T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+US0 = int(T0.timestamp() * 1_000_000)
+LATER = US0 + 3_600_000_000  # an hour on: no message of these batches expires in them
+
+ACCOUNTS = ["alice", "bob", "carol"]
+TOPICS = ["/t/x", "/t/x/y", "/u", "/v", "/accounts/bob", "/accounts/Carol", "/accounts/bob/inbox"]
+PATTERNS = ["/t/x", "/t/*", "/t/x/*", "/t/x/y", "/u", "/accounts/*"]
+HEADERS = [[], [("Content-Type", "text/plain")], [("Guarantee", "NO")], [("guar", " no ")], [("Guarantee", "YES")]]
+
+subscriptions = st.dictionaries(
+    st.tuples(st.sampled_from(ACCOUNTS), st.sampled_from(PATTERNS)),
+    st.tuples(st.one_of(st.none(), st.integers(0, 30)), st.one_of(st.none(), st.integers(0, 30))),
+    max_size=8)
+
+publishes = st.builds(
+    lambda smuid, topic, account, at, headers, expires, delivery, section: ev.Publish(
+        smuid, topic, f"{account}/{smuid}", account, f"g-{account}", US0 + at, at % 3, headers,
+        [ev.Section([("Content-Type", "text/plain")], "é-hi".encode())] if section else [],
+        expires_at=LATER + at if expires else None, delivery=delivery),
+    st.integers(1, 8), st.sampled_from(TOPICS), st.sampled_from(ACCOUNTS), st.integers(0, 30),
+    st.sampled_from(HEADERS), st.booleans(), st.sampled_from(["all", "ALL"]), st.booleans())
+acks = st.builds(lambda account, smuid, at: ev.Ack(account, f"g-{account}", smuid, US0 + at),
+                 st.sampled_from(ACCOUNTS), st.integers(1, 8), st.integers(0, 30))
+commands = st.lists(st.one_of(publishes, publishes, acks, st.builds(ev.Tick, st.integers(US0, US0 + 30))),
+                    min_size=1, max_size=25)
+
+
+def records(spark, batch: list[ev._Event]):
+    """``batch`` as the Kafka records of a micro-batch, one non-JSON record among them."""
+    rows = [(None, c.to_bytes(), "cmd", 0, 10 + i, T0 + timedelta(milliseconds=i), 0) for i, c in enumerate(batch)]
+    rows.append((None, b"not json", "cmd", 0, 10 + len(batch), T0, 0))
+    return spark.createDataFrame(rows, KAFKA_RECORD)
+
+
+def store_subscriptions(config, current: dict) -> None:
+    """``current`` ((account, pattern) → (since, until) offsets in µs) as the active subscriptions."""
+    rows = [{"account": account, "pattern": pattern, "guid": f"g-{account}", "active": True,
+             "subscribed_at": T0, "unsubscribed_at": None,
+             "since": None if since is None else US0 + since, "until": None if until is None else US0 + until,
+             "batch_id": 1} for (account, pattern), (since, until) in current.items()]
+    write_deltalake(config.table_path("subscriptions"), pa.Table.from_pylist(rows, arrow_schema(SUBSCRIPTIONS_TABLE)),
+                    mode="overwrite")
+
+
+def comparable(out: dict[str, pa.Table]) -> dict[str, list]:
+    """Each output's rows in one order and one Arrow type (the query's timestamps may carry another
+    zone name), its Kafka records' JSON decoded."""
+    found = {}
+    for kind, table in out.items():
+        rows = table.select(OUTPUTS[kind].fieldNames()).cast(arrow_schema(OUTPUTS[kind])).to_pylist()
+        for row in rows:
+            if "value" in row and kind in ("deliver", "acked", "expired"):
+                row["value"] = json.loads(row["value"])
+        found[kind] = sorted(rows, key=repr)
+    return found
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(current=subscriptions, batch=commands)
+def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp_path_factory, current, batch):
+    config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("simple")))
+    store_subscriptions(config, current)
+    driver = CommandSink(config)
+    query = CommandSink(replace(config, streaming=replace(config.streaming, simple_batches=False)))
+    frame, routed_at = records(spark, batch), T0 + timedelta(hours=1)
+
+    simple, full = driver.outputs(frame, 7, routed_at), query.outputs(frame, 7, routed_at)
+
+    assert driver.query_ms["plan"] == 0 < query.query_ms["plan"]  # the first routed on the driver, the second not
+    assert comparable(simple) == comparable(full)
+
+
+def test_a_batch_with_more_than_publishes_and_acks_is_not_simple():
+    assert is_simple(Shape())
+    for field in ("nacks", "subscriptions", "removals", "expiry", "receipts", "delivery_one"):
+        assert not is_simple(Shape(**{field: True}))
+
+
+def test_a_subscribe_in_the_batch_sends_it_through_the_routing_query(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    sink.outputs(records(spark, [ev.Subscribe("bob", "gb", "/t/*", US0), ev.Publish(1, "/t/x", "c", "a", "g", US0)]),
+                 7, T0)
+    assert sink.query_ms["plan"] > 0
