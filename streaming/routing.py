@@ -376,6 +376,15 @@ def account_topic_owner_sql(topic: str) -> str:
     return f"regexp_extract(lower({topic}), '^/accounts/([^/]+)$', 1)"
 
 
+def pick_order_sql(smuid: str, account: str) -> str:
+    """SQL: the order a DELIVERY ONE message's candidate subscribers are picked in (the first gets it):
+    by the CRC-32 of ``"<smuid>/<account>"``, then by account.  Deterministic, so a replayed batch
+    picks as the first attempt did, and spread evenly over the candidates; a CRC rather than
+    ``xxhash64`` because the driver's routing of simple batches picks the same way with
+    ``zlib.crc32`` (``streaming.simple_batch.pick_order``)."""
+    return f"crc32(CAST(concat(CAST({smuid} AS STRING), '/', {account}) AS BINARY)), {account}"
+
+
 def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
     """SQL: :func:`route`'s rows, plus one row of account ``''`` for each publish that reached nobody
     and can expire (``expires_at`` not null): :func:`unrouted` from the same pass.
@@ -388,7 +397,7 @@ def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
     the per-(account, smuid) window after it needs no shuffle of its own.
     """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
-    pick_one = ("row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account))" if one
+    pick_one = (f"row_number() OVER (PARTITION BY smuid ORDER BY {pick_order_sql('smuid', 'account')})" if one
                 else "1")  # ``one`` False: no DELIVERY ONE publish in the batch, no window needed
     return f"""SELECT {", ".join(DELIVERIES.fieldNames())} FROM (
   SELECT *, {pick_one} AS _one FROM (
@@ -473,7 +482,7 @@ SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accept
        EXISTS (SELECT 1 FROM {routed_all} r WHERE r.smuid = p.smuid AND r.account <> '') AS _taken
 FROM {publishes} p"""
     return f"""SELECT account, {columns} FROM (
-  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY xxhash64(smuid, account)) AS _one FROM (
+  SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY {pick_order_sql("smuid", "account")}) AS _one FROM (
     SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
       SELECT s.account, c.smuid, c.topic, c.cmuid, c.publisher, c.publisher_guid, c.accepted_at, c.priority,
              c.headers, c.sections, s.from_seq AS seq, c.expires_at, c.receipt, c.delivery
@@ -869,8 +878,9 @@ def released_sql(events: str, retrying: str, acks: str, expiring: str, intervals
       AND NOT EXISTS (SELECT 1 FROM {acks} a WHERE a.account = n.account AND a.smuid = n.smuid)
       AND NOT EXISTS (SELECT 1 FROM {expiring} e WHERE e.account = n.account AND e.smuid = n.smuid)"""
     gone = f"SELECT DISTINCT account FROM {events} WHERE type = 'nack' AND reason = 'disconnect'"
+    order = f"p.account IS NOT NULL, {pick_order_sql('c.smuid', 'c.`to`')}"
     return f"""SELECT account, smuid, `to`, seq FROM (
-  SELECT c.*, row_number() OVER (PARTITION BY c.smuid ORDER BY p.account IS NOT NULL, xxhash64(c.smuid, c.`to`)) AS _k
+  SELECT c.*, row_number() OVER (PARTITION BY c.smuid ORDER BY {order}) AS _k
   FROM (
     SELECT h.account, h.smuid, h.seq, s.account AS `to`
     FROM (SELECT h.*, m.accepted_at AS _at, explode({candidate_patterns_sql("m.topic")}) AS _pattern

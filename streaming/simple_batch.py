@@ -8,8 +8,8 @@ messages and the ACKs of their subscribers; for those, the routing query reduces
 each publish's subscribers and a join of the ACKs, which this module does in Python over the
 batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
 
-A batch is *simple* (:func:`is_simple`) when it holds no (UN)SUBSCRIBE, NACK, REMOVE TOPIC or
-DELIVERY ONE publish, nothing in it or stored expires by its clock, and no receipt falls due;
+A batch is *simple* (:func:`is_simple`) when it holds no (UN)SUBSCRIBE, NACK or REMOVE TOPIC
+and no receipt falls due: publishes (DELIVERY ONE ones too), ACKs and expiry into the Trash;
 everything else still goes to the routing query, which stays the definition.  Every output here
 equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
 it by property test.  The subscribers come from the same rule the gateways route early by
@@ -19,6 +19,7 @@ it by property test.  The subscribers come from the same rule the gateways route
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -37,15 +38,12 @@ class Shape:
     nacks: bool = False
     subscriptions: bool = False  # a SUBSCRIBE or UNSUBSCRIBE
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
-    expiry: bool = False  # a message of the batch, or a stored delivery, may expire by the batch's clock
     receipts: bool = False  # a receipt may fall due
-    delivery_one: bool = False  # a DELIVERY ONE publish
 
 
 def is_simple(shape: Shape) -> bool:
     """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
-    return not any((shape.nacks, shape.subscriptions, shape.removals, shape.expiry, shape.receipts,
-                    shape.delivery_one))
+    return not any((shape.nacks, shape.subscriptions, shape.removals, shape.receipts))
 
 
 def _valid(event: dict) -> bool:
@@ -76,6 +74,12 @@ def _unguaranteed(headers: list | None) -> bool:
 
 def _expired(expires_at: int | None, now: int | None) -> bool:
     return None not in (expires_at, now) and expires_at <= now
+
+
+def pick_order(smuid: int, account: str) -> tuple[int, str]:
+    """The order a DELIVERY ONE message's candidate subscribers are picked in, the first getting it:
+    :func:`streaming.routing.pick_order_sql`."""
+    return zlib.crc32(f"{smuid}/{account}".encode()), account
 
 
 def _json(fields: dict) -> str:
@@ -131,26 +135,36 @@ def _admits(since: int | None, until: int | None, accepted_at: int | None) -> bo
     return (since is None or since <= accepted_at) and (until is None or accepted_at < until)
 
 
-def route(decoded: pa.Table, current: pa.Table, batch_id: int, routed_at: datetime,
-          now: int | None) -> dict[str, list[dict]]:
+def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
+          routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``decoded`` its records (:data:`routing.EVENTS`,
     ``streaming.sink.decode_records``), ``current`` the active subscriptions before it
-    (``SUBSCRIPTIONS_TABLE`` columns), ``now`` its clock."""
+    (``SUBSCRIPTIONS_TABLE`` columns), ``pending`` the stored deliveries that expire by its clock
+    ``now`` (:data:`routing.PENDING`), ``stored`` their messages (``MESSAGES_TABLE`` columns);
+    ``new_may_expire``: whether a message of the batch may (``streaming.sink.may_expire``: when not,
+    the query does not look for stored deliveries the batch routes again); ``one``: whether a
+    publish may be DELIVERY ONE (``streaming.sink.has_delivery_one``: when not, none is treated so)."""
     events = [event for event in decoded.to_pylist() if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
     subscribers = _Subscribers(current)
     out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
     routed: set[tuple[str, int]] = set()
+    expiring: dict[int, list[str]] = {}  # smuid → the accounts whose delivery of it expires ('': nobody's)
     for smuid, publish in publishes.items():
         out["messages"].append(_message_row(publish, batch_id))
         reached = subscribers.of(publish["topic"], publish["accepted_at"])
+        if one and reached and _lower(publish["delivery"], "all") == "one":
+            reached = {min(reached, key=lambda account: pick_order(smuid, account))}
+        unguaranteed = _unguaranteed(publish["headers"])
         for account in sorted(reached):
             routed.add((account, smuid))
             ack = acks.get((account, smuid))
-            unguaranteed = _unguaranteed(publish["headers"])
             out["deliveries"].append(_delivery_row(publish, account, ack, unguaranteed, batch_id, routed_at, now))
+            if not unguaranteed and ack is None and _expired(publish["expires_at"], now):
+                expiring.setdefault(smuid, []).append(account)  # routed already expired: never sent
+                continue
             if ack is None:
                 out["deliver"].append({"key": account.encode(), "value": _deliver_value(account, publish),
                                        "seq": publish["seq"]})
@@ -159,11 +173,47 @@ def route(decoded: pa.Table, current: pa.Table, batch_id: int, routed_at: dateti
                                      "seq": publish["seq"]})
         if not reached and publish["expires_at"] is not None:
             out["deliveries"].append(_unrouted_row(publish, batch_id, routed_at, now))
+            if _expired(publish["expires_at"], now):
+                expiring.setdefault(smuid, []).append("")
     for (account, smuid), ack in acks.items():
         out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid), "seq": ack["seq"]})
         if (account, smuid) not in routed:  # acknowledges a stored delivery (or none: then it updates nothing)
             out["deliveries"].append(_stored_ack_row(ack))
+    for account, smuid in _stored_expiring(pending, now, acks, routed if new_may_expire else set()):
+        expiring.setdefault(smuid, []).append(account)
+        out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "expired"})
+    _trash(out, expiring, stored, batch_id, now)
     return out
+
+
+def _stored_expiring(pending: pa.Table, now: int | None, acks: dict, routed: set) -> list[tuple[str, int]]:
+    """(account, smuid) of the stored deliveries that expire in this batch: neither acknowledged nor
+    routed again in it (:func:`routing.expiring_sql`'s last part)."""
+    expires = pending.column("expires_at").cast(pa.int64()).to_pylist()
+    return [(account, smuid) for account, smuid, status, expires_at in zip(
+        pending.column("account").to_pylist(), pending.column("smuid").to_pylist(),
+        pending.column("status").to_pylist(), expires)
+        if status in ("pending", "unrouted", "waiting") and _expired(expires_at, now)
+        and (account, smuid) not in acks and (account, smuid) not in routed]
+
+
+def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: pa.Table, batch_id: int,
+           now: int | None) -> None:
+    """The expired messages into their topics' Trash, and their subscribers told (:func:`routing.trash_sql`,
+    :func:`routing.expired_records_sql`)."""
+    messages = {}  # smuid → its earliest row, this batch's or stored (a replay may hold both)
+    for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
+        messages.setdefault(row["smuid"], row)
+    for smuid, accounts in expiring.items():
+        out["expired"] += [{"key": account.encode(), "value": _json({"type": "acked", "account": account,
+                                                                     "smuid": smuid, "reason": "expired"}),
+                            "seq": None} for account in accounts if account]
+        if (message := messages.get(smuid)) is not None:
+            out["trash"].append({
+                "smuid": smuid, "topic": message["topic"], "trash_topic": message["topic"] + "/Trash",
+                "reason": "undeliverable" if not any(accounts) else "expired", "trashed_at": now,
+                "publisher": message["publisher"], "cmuid": message["cmuid"], "headers": message["headers"],
+                "sections": message["sections"], "batch_id": batch_id, "account": ""})
 
 
 def _message_row(publish: dict, batch_id: int) -> dict:
@@ -178,6 +228,10 @@ def _message_row(publish: dict, batch_id: int) -> dict:
 
 #: A ``deliveries`` output row's columns no simple batch sets.
 _UNSET = {"acked_at": None, "acked_guid": None, "retries": None}
+
+#: A ``deliveries`` output row that settles a stored delivery, but its key and status.
+_SETTLED = {**_UNSET, "topic": None, "priority": None, "routed_at": None, "routed_batch_id": None,
+            "expires_at": None, "receipt": None, "delivery": None, "is_new": False}
 
 
 def _delivery_row(publish: dict, account: str, ack: dict | None, unguaranteed: bool, batch_id: int,
@@ -197,13 +251,13 @@ def _delivery_row(publish: dict, account: str, ack: dict | None, unguaranteed: b
 def _unrouted_row(publish: dict, batch_id: int, routed_at: datetime, now: int | None) -> dict:
     """The row of a publish that reached nobody and can expire (account ``''``)."""
     return {**_UNSET, "account": "", "smuid": publish["smuid"], "topic": publish["topic"],
-            "priority": publish["priority"], "status": "expired" if _expired(publish["expires_at"], now) else "unrouted",
+            "priority": publish["priority"],
+            "status": "expired" if _expired(publish["expires_at"], now) else "unrouted",
             "routed_at": routed_at, "routed_batch_id": batch_id, "expires_at": publish["expires_at"],
             "receipt": None, "delivery": None, "is_new": True}
 
 
 def _stored_ack_row(ack: dict) -> dict:
     """An ACK of a delivery of an earlier batch: updates its row, never inserts one."""
-    return {**_UNSET, "account": ack["account"], "smuid": ack["smuid"], "topic": None, "priority": None,
-            "status": "acked", "routed_at": None, "routed_batch_id": None, "acked_at": ack["accepted_at"],
-            "acked_guid": ack["guid"], "expires_at": None, "receipt": None, "delivery": None, "is_new": False}
+    return {**_SETTLED, "account": ack["account"], "smuid": ack["smuid"], "status": "acked",
+            "acked_at": ack["accepted_at"], "acked_guid": ack["guid"]}

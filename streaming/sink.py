@@ -1106,17 +1106,21 @@ WHERE {alive}({matches})
         late = late_stored.num_rows > 0 or publish_before_subscribe(arrow_records)
         # a publish of the batch may be owed its receipt now: 0/0 or X/Y when it is already expired, or
         # acknowledged in the same batch (a gateway routed it early)
-        receipts = (state.num_rows > 0 or bool(unreached) or (expiry[0] and asks_for_receipt(arrow_records))
-                    or acks_its_own_receipt_publish(arrow_records))
+        owed_now = (expiry[0] and asks_for_receipt(arrow_records)) or acks_its_own_receipt_publish(arrow_records)
+        receipts = state.num_rows > 0 or bool(unreached) or owed_now
         one = has_delivery_one(arrow_records)
+        # of the stored messages that reached nobody, only those that asked for a receipt may be owed one
+        asking = set(stored.filter(pc.is_in(stored.column("receipt"), pa.array(["one", "all"]))).column("smuid")
+                     .to_pylist())
         shape = simple_batch.Shape(nacks=bool(nacked), subscriptions=bool(subscribed) or _any_record(
             arrow_records, _of_type(Unsubscribe.TYPE)), removals=bool(removed) or orphaned.num_rows > 0,
-            expiry=any(expiry), receipts=receipts, delivery_one=one)
+            receipts=state.num_rows > 0 or bool(unreached & asking) or owed_now)
         # The records decoded once, here (every branch of the query would otherwise re-read the source).
         decoded = decode_records(arrow_records)
         started = time.monotonic()
         if self.config.streaming.simple_batches and simple_batch.is_simple(shape):
-            rows = simple_batch.route(decoded, self.active_subscriptions(), batch_id, routed_at, now)
+            rows = simple_batch.route(decoded, self.active_subscriptions(), pending, stored, batch_id, routed_at, now,
+                                      new_may_expire=expiry[0], one=one)
             out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
             self.query_ms = {"plan": 0.0, "run": (time.monotonic() - started) * 1000}
         else:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 from deltalake import write_deltalake
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schemas import events as ev
@@ -19,7 +19,6 @@ from streaming.sink import OUTPUTS, CommandSink
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
-LATER = US0 + 3_600_000_000  # an hour on: no message of these batches expires in them
 
 ACCOUNTS = ["alice", "bob", "carol"]
 TOPICS = ["/t/x", "/t/x/y", "/u", "/v", "/accounts/bob", "/accounts/Carol", "/accounts/bob/inbox"]
@@ -31,17 +30,25 @@ subscriptions = st.dictionaries(
     st.tuples(st.one_of(st.none(), st.integers(0, 30)), st.one_of(st.none(), st.integers(0, 30))),
     max_size=8)
 
-publishes = st.builds(
-    lambda smuid, topic, account, at, headers, expires, delivery, section: ev.Publish(
-        smuid, topic, f"{account}/{smuid}", account, f"g-{account}", US0 + at, at % 3, headers,
-        [ev.Section([("Content-Type", "text/plain")], "é-hi".encode())] if section else [],
-        expires_at=LATER + at if expires else None, delivery=delivery),
-    st.integers(1, 8), st.sampled_from(TOPICS), st.sampled_from(ACCOUNTS), st.integers(0, 30),
-    st.sampled_from(HEADERS), st.booleans(), st.sampled_from(["all", "ALL"]), st.booleans())
-acks = st.builds(lambda account, smuid, at: ev.Ack(account, f"g-{account}", smuid, US0 + at),
-                 st.sampled_from(ACCOUNTS), st.integers(1, 8), st.integers(0, 30))
-commands = st.lists(st.one_of(publishes, publishes, acks, st.builds(ev.Tick, st.integers(US0, US0 + 30))),
-                    min_size=1, max_size=25)
+def publishes(first: int):
+    """Publishes accepted ``first``..``first + 30`` µs after T0, some expiring by then, some later."""
+    return st.builds(
+        lambda smuid, topic, account, at, headers, expires, delivery, receipt, section: ev.Publish(
+            smuid, topic, f"{account}/{smuid}", account, f"g-{account}", US0 + at, at % 3, headers,
+            [ev.Section([("Content-Type", "text/plain")], "é-hi".encode())] if section else [],
+            expires_at=None if expires is None else US0 + expires, delivery=delivery, receipt=receipt),
+        st.integers(1, 8), st.sampled_from(TOPICS), st.sampled_from(ACCOUNTS), st.integers(first, first + 30),
+        st.sampled_from(HEADERS), st.one_of(st.none(), st.integers(0, 200)),
+        st.sampled_from(["all", "ALL", "one", "one", "ONE"]), st.sampled_from(["none", "none", "none", "one", "all"]),
+        st.booleans())
+
+
+def batches(first: int):
+    """Publishes, ACKs and ticks as the commands of one micro-batch, from ``first`` µs after T0."""
+    acks = st.builds(lambda account, smuid, at: ev.Ack(account, f"g-{account}", smuid, US0 + at),
+                     st.sampled_from(ACCOUNTS), st.integers(1, 8), st.integers(first, first + 30))
+    ticks = st.builds(ev.Tick, st.integers(US0 + first, US0 + first + 60))
+    return st.lists(st.one_of(publishes(first), publishes(first), acks, ticks), min_size=1, max_size=20)
 
 
 def records(spark, batch: list[ev._Event]):
@@ -74,24 +81,29 @@ def comparable(out: dict[str, pa.Table]) -> dict[str, list]:
     return found
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(current=subscriptions, batch=commands)
-def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp_path_factory, current, batch):
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(current=subscriptions, before=batches(0), batch=batches(40))
+def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp_path_factory, current, before,
+                                                                      batch):
+    """``before`` routed and committed, then ``batch`` routed both ways: on the driver, when it is
+    simple, and by the routing query."""
     config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("simple")))
     store_subscriptions(config, current)
     driver = CommandSink(config)
     query = CommandSink(replace(config, streaming=replace(config.streaming, simple_batches=False)))
+    query.commit_outputs(query.outputs(records(spark, before), 6, T0), 6)
     frame, routed_at = records(spark, batch), T0 + timedelta(hours=1)
 
     simple, full = driver.outputs(frame, 7, routed_at), query.outputs(frame, 7, routed_at)
 
-    assert driver.query_ms["plan"] == 0 < query.query_ms["plan"]  # the first routed on the driver, the second not
+    assume(driver.query_ms["plan"] == 0)  # routed on the driver (a 0/0 receipt may be due: then not)
+    assert query.query_ms["plan"] > 0
     assert comparable(simple) == comparable(full)
 
 
 def test_a_batch_with_more_than_publishes_and_acks_is_not_simple():
     assert is_simple(Shape())
-    for field in ("nacks", "subscriptions", "removals", "expiry", "receipts", "delivery_one"):
+    for field in ("nacks", "subscriptions", "removals", "receipts"):
         assert not is_simple(Shape(**{field: True}))
 
 
