@@ -78,13 +78,15 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     ``metrics`` records every micro-batch's progress to the ``metrics`` Delta
     table (:mod:`streaming.metrics`).  Unless ``available_now``, a
     :class:`~streaming.ticker.Ticker` (``query.ticker``) appends the job's clock
-    to the commands topic every ``streaming.tick_interval_s`` while the query runs.
+    to the commands topic every ``streaming.tick_interval_s`` while the query runs, and
+    whenever a delivery the sink routed expires.
     """
     streaming = config.streaming
     records = read_commands(spark, config)
+    sink = sink or CommandSink(config)
     writer = (
         records.writeStream.queryName(streaming.query_name)
-        .foreachBatch(sink or CommandSink(config))
+        .foreachBatch(sink)
         .option("checkpointLocation", config.checkpoint_dir)
     )
     if metrics:
@@ -96,6 +98,7 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     query = writer.start()
     if not available_now and streaming.tick_interval_s > 0:
         query.ticker = Ticker(config, alive=lambda: query.isActive).start()  # ends with the query
+        sink.expiry_alarm = query.ticker.wake_at  # and ticks when what the sink routes expires
     return query
 
 

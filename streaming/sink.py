@@ -34,6 +34,7 @@ import re
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -571,6 +572,14 @@ def _withheld_records(deliveries: pa.Table) -> pa.Table:
     }).cast(arrow_schema(routing.KAFKA_OUT))
 
 
+def _expiries(deliveries: pa.Table) -> list[int]:
+    """When the batch's new deliveries that may expire do (µs, distinct): pending, unrouted or waiting
+    ones of a message with a timeout."""
+    new = deliveries.filter(pc.fill_null(pc.and_(deliveries.column("is_new"), pc.is_in(
+        deliveries.column("status"), pa.array(["pending", "unrouted", "waiting"]))), False))
+    return pc.unique(new.column("expires_at").cast(pa.int64()).drop_null()).to_pylist()
+
+
 def _micros(value: datetime | int | None) -> int | None:
     """A timestamp as microseconds since the epoch (ints pass through)."""
     if value is None or isinstance(value, int):
@@ -668,6 +677,9 @@ class CommandSink:
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
+        # told, after each commit, when the deliveries it routed expire (µs): the job's ticker
+        # (:meth:`streaming.ticker.Ticker.wake_at`) ticks then, so they expire without waiting for its next tick
+        self.expiry_alarm: Callable[[list[int]], None] | None = None
 
     # -- helpers
 
@@ -1197,6 +1209,8 @@ WHERE {alive}({matches})
             self._flush(futures)
             futures = []
         self.commit_outputs(out, batch_id)
+        if self.expiry_alarm is not None:
+            self.expiry_alarm(_expiries(out["deliveries"]))
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)

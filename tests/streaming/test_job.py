@@ -318,6 +318,24 @@ def test_a_five_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_add
         ("", 4, "expired"), ("bob", 1, "expired"), ("bob", 2, "pending"), ("bob", 3, "acked")]
 
 
+def test_a_delivery_expires_at_its_own_time_not_at_the_next_regular_tick(spark, config, sink):
+    """The regular ticks are five minutes apart here; the alarm the sink sets when it routes message 1
+    brings a tick of its own when it expires, so it is in the Trash long before the next regular one."""
+    config = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, tick_interval_s=300))
+    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    try:
+        wait_for(lambda: any(isinstance(e, ev.Progress) for _, e in deliveries_topic(config, 1, 90)), 90,
+                 "the first tick batch")
+        start = time.time_ns() // 1000
+        produce(config, [ev.Subscribe("bob", "gb", "/t/*", start),
+                         ev.Publish(1, "/t/x", "c1", "alice", "ga", start + 1, expires_at=start + 3_000_000)])
+        trash = wait_for(lambda: rows_of(config, "trash"), 40, "message 1 in the trash table")
+        assert query.ticker.sent >= 2  # the first regular tick, and the alarm's
+    finally:
+        query.stop()
+    assert [(t["smuid"], t["reason"]) for t in trash] == [(1, "expired")]
+
+
 def test_expiry_replayed_after_a_crash_between_trash_and_deliveries_trashes_once(spark, config, sink, monkeypatch):
     sink(batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0),
                              ev.Publish(1, "/t", "c1", "alice", "ga", T0 + 1, expires_at=T0 + 100),
