@@ -19,7 +19,6 @@ can send NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT to its watchers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Callable, Iterable, Union
 
 from gateway.replies import CONFLICT, NOT_ALLOWED, NOT_FOUND, RESOURCE_TOO_LARGE, Reply
@@ -37,7 +36,8 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
-from schemas.topics import account_topic_owner, ancestors, candidate_patterns, covers, is_account_topic, parent, parse_pattern
+from schemas.topics import (account_topic_owner, admits, ancestors, candidate_patterns, covers, is_account_topic, parent,
+                            parse_pattern, recipients)
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"
@@ -63,13 +63,6 @@ class Subscription:
     pattern: str
     since: int | None = None
     until: int | None = None
-
-
-@lru_cache(maxsize=4096)
-def _candidate_patterns(topic: str) -> tuple[str, ...]:
-    """:func:`schemas.topics.candidate_patterns`, cached: the gateway asks for every publish it reads
-    back (:meth:`Registry.may_reach`)."""
-    return candidate_patterns(topic)
 
 
 @dataclass(frozen=True)
@@ -371,33 +364,28 @@ class Registry:
         """Whether ``account`` could be handed a DELIVERY ONE message of ``topic`` accepted at
         ``accepted_at`` (microseconds): a subscription of its covers the topic and its SINCE/UNTIL
         admit the message — the subscribers the job picks from when it hands one on."""
-        return any(parse_pattern(s.pattern).matches(topic) and self._admitted(s, accepted_at)
+        return any(parse_pattern(s.pattern).matches(topic) and admits(s.since, s.until, accepted_at)
                    for s in self.subscriptions.get(account, {}).values())
 
     def may_reach(self, topic: str) -> bool:
         """Whether a message of canonical ``topic`` may have recipients (:meth:`recipients` before
         SINCE/UNTIL): the cheap test a publish passes before it is decoded."""
-        return (any(pattern in self._by_pattern for pattern in _candidate_patterns(topic))
+        return (any(pattern in self._by_pattern for pattern in candidate_patterns(topic))
                 or account_topic_owner(topic) is not None)
 
     def recipients(self, topic: str, accepted_at: int) -> list[str]:
         """The accounts the job routes a DELIVERY ALL message of canonical ``topic`` accepted at
-        ``accepted_at`` (microseconds) to, as far as the fold has got: each account whose
-        subscription covers the topic with SINCE/UNTIL admitting the message, and the owner of an
-        account topic (``streaming.routing.route``'s rule, looked up by the same candidate
-        patterns: the topic itself and the wildcard of each proper ancestor)."""
-        reached = {account for pattern in _candidate_patterns(topic) for account in self._by_pattern.get(pattern, ())
-                   if self._admitted(self.subscriptions[account][pattern], accepted_at)}
-        owner = account_topic_owner(topic)
-        if owner:
-            reached.add(owner)
-        return sorted(reached)
+        ``accepted_at`` (microseconds) to, as far as the fold has got (:func:`schemas.topics.recipients`,
+        the job's rule)."""
+        return sorted(recipients(topic, accepted_at, self._subscribers_of))
 
-    @staticmethod
-    def _admitted(subscription: Subscription, accepted_at: int) -> bool:
-        """Whether ``subscription``'s SINCE/UNTIL admit a message accepted at ``accepted_at``."""
-        return ((subscription.since is None or subscription.since <= accepted_at)
-                and (subscription.until is None or accepted_at < subscription.until))
+    def _subscribers_of(self, pattern: str) -> list[tuple[str, int | None, int | None]]:
+        """(account, since, until) of each subscription to exactly ``pattern``."""
+        found = []
+        for account in self._by_pattern.get(pattern, ()):
+            subscription = self.subscriptions[account][pattern]
+            found.append((account, subscription.since, subscription.until))
+        return found
 
     def account_subscriptions(self, account: str) -> list[Subscription]:
         return sorted(self.subscriptions.get(account, {}).values(), key=lambda s: s.pattern)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Iterable
 
 MAX_LEVEL_LENGTH = 32
 TRASH = "trash"
@@ -121,12 +123,39 @@ def ancestors(topic: str) -> list[str]:
     return ["/" + "/".join(levels[:i]) for i in range(1, len(levels))]
 
 
+@lru_cache(maxsize=4096)
 def candidate_patterns(topic: str) -> tuple[str, ...]:
     """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
     proper ancestor, ``/a/b/c`` → ``("/a/b/c", "/a/*", "/a/b/*")``.  Routing looks a publish's
-    subscribers up by these (the gateway's early routing and the job's simple batches); the job's
-    SQL form is ``streaming.routing.candidate_patterns_sql``."""
+    subscribers up by these (:func:`recipients`); the job's SQL form is
+    ``streaming.routing.candidate_patterns_sql``.  Cached: a gateway asks for every publish it
+    reads back."""
     return (topic, *(f"{ancestor}/*" for ancestor in ancestors(topic)))
+
+
+def admits(since: int | None, until: int | None, accepted_at: int | None) -> bool:
+    """Whether a subscription's SINCE/UNTIL (µs, None: open) admit a message accepted at
+    ``accepted_at`` (µs): ``since <= accepted_at < until`` (spec 4.1.9.1).  A message of unknown
+    time is admitted by open bounds only, as SQL's comparisons with null decide."""
+    if accepted_at is None:
+        return since is None and until is None
+    return (since is None or since <= accepted_at) and (until is None or accepted_at < until)
+
+
+def recipients(topic: str, accepted_at: int | None,
+               subscribers: Callable[[str], Iterable[tuple[str, int | None, int | None]]]) -> set[str]:
+    """The accounts a DELIVERY ALL message of canonical ``topic`` accepted at ``accepted_at`` reaches:
+    each account subscribed to one of its :func:`candidate_patterns` whose SINCE/UNTIL admit it
+    (``subscribers(pattern)``: its (account, since, until)), and the owner of an account topic.
+
+    The one rule of the gateways' early routing (``gateway.registry.Registry.recipients``) and the
+    job's simple batches (``streaming.simple_batch``); the job's routing query states it in SQL
+    (``streaming.routing.route_all_sql``), proven equal by ``tests/streaming/test_simple_batch.py``."""
+    reached = {account for pattern in candidate_patterns(topic) for account, since, until in subscribers(pattern)
+               if account and admits(since, until, accepted_at)}
+    if owner := account_topic_owner(topic):
+        reached.add(owner)
+    return reached
 
 
 def is_account_topic(topic: str) -> bool:

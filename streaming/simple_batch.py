@@ -12,8 +12,8 @@ A batch is *simple* (:func:`is_simple`) when it holds no (UN)SUBSCRIBE, NACK or 
 and no receipt falls due: publishes (DELIVERY ONE ones too), ACKs and expiry into the Trash;
 everything else still goes to the routing query, which stays the definition.  Every output here
 equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
-it by property test.  The subscribers come from the same rule the gateways route early by
-(:func:`schemas.topics.candidate_patterns`, :func:`schemas.topics.account_topic_owner`).
+it by property test.  The subscribers come from the rule the gateways route early by
+(:func:`schemas.topics.recipients`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from schemas.topics import account_topic_owner, candidate_patterns
+from schemas.topics import recipients
 
 #: Everything :func:`route` decides, each as the routing query's output of that name.
 ROUTED = ("deliver", "acked", "expired", "messages", "trash", "deliveries", "subscriptions", "receipts")
@@ -118,21 +118,8 @@ class _Subscribers:
             self._by_pattern.setdefault(pattern, []).append((account, since_at, until_at))
 
     def of(self, topic: str, accepted_at: int | None) -> set[str]:
-        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches: each subscription
-        covering the topic whose SINCE/UNTIL admit it, and the owner of an account topic."""
-        reached = {account for pattern in candidate_patterns(topic)
-                   for account, since, until in self._by_pattern.get(pattern, ())
-                   if account and _admits(since, until, accepted_at)}
-        if owner := account_topic_owner(topic):
-            reached.add(owner)
-        return reached
-
-
-def _admits(since: int | None, until: int | None, accepted_at: int | None) -> bool:
-    """SINCE ≤ accepted_at < UNTIL, an open bound admitting anything (an unknown time: only open bounds)."""
-    if accepted_at is None:
-        return since is None and until is None
-    return (since is None or since <= accepted_at) and (until is None or accepted_at < until)
+        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches (:func:`schemas.topics.recipients`)."""
+        return recipients(topic, accepted_at, lambda pattern: self._by_pattern.get(pattern, ()))
 
 
 def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
