@@ -126,9 +126,9 @@ class StreamingConfig:
     # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
     # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
     source: str = "python"
-    # route the common batch (publishes and ACKs only, nothing expiring, no receipt due) on the driver
-    # (streaming.simple_batch) instead of planning the routing query for it; false: every batch through
-    # the routing query, for comparison
+    # route the common batch (publishes, ACKs and expiry; no (UN)SUBSCRIBE, NACK, REMOVE TOPIC or receipt
+    # due) on the driver (streaming.simple_batch) instead of planning the routing query for it; false:
+    # every batch through the routing query, for comparison
     simple_batches: bool = True
     # extra Spark properties for the job's session; spark-submit's --conf wins over them
     spark_conf: Mapping[str, str] = field(default_factory=dict)

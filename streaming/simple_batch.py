@@ -25,6 +25,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
+from schemas.events import Acked
 from schemas.topics import recipients
 
 #: Everything :func:`route` decides, each as the routing query's output of that name.
@@ -118,7 +119,8 @@ class _Subscribers:
             self._by_pattern.setdefault(pattern, []).append((account, since_at, until_at))
 
     def of(self, topic: str, accepted_at: int | None) -> set[str]:
-        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches (:func:`schemas.topics.recipients`)."""
+        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches
+        (:func:`schemas.topics.recipients`)."""
         return recipients(topic, accepted_at, lambda pattern: self._by_pattern.get(pattern, ()))
 
 
@@ -192,8 +194,7 @@ def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: p
     for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
         messages.setdefault(row["smuid"], row)
     for smuid, accounts in expiring.items():
-        out["expired"] += [{"key": account.encode(), "value": _json({"type": "acked", "account": account,
-                                                                     "smuid": smuid, "reason": "expired"}),
+        out["expired"] += [{"key": account.encode(), "value": Acked(account, smuid, "expired").to_bytes().decode(),
                             "seq": None} for account in accounts if account]
         if (message := messages.get(smuid)) is not None:
             out["trash"].append({

@@ -259,6 +259,24 @@ def rows_of(config, name):
     return table(config, name) if DeltaTable.is_deltatable(path) else []
 
 
+def with_ticks(config, tick_interval_s: float):
+    """``config`` with the job's regular ticks ``tick_interval_s`` apart."""
+    return dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, tick_interval_s=tick_interval_s))
+
+
+def ticking_job(spark, config, sink):
+    """The job started, once its first (tick) batch ran: that batch is slow (Spark warms up), and the
+    tests' clocks start after it."""
+    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    try:
+        wait_for(lambda: any(isinstance(e, ev.Progress) for _, e in deliveries_topic(config, 1, 90)), 90,
+                 "the first tick batch")
+    except BaseException:
+        query.stop()
+        raise
+    return query
+
+
 def test_a_five_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_adds_no_row(spark, config, sink):
     """Bob subscribed, then went offline: nothing acknowledges message 1, and no command arrives after
     it; the job's ticks alone expire it 5 s later into ``/t/x/Trash``.  A message nobody subscribed to
@@ -266,12 +284,9 @@ def test_a_five_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_add
 
     5 s, not less: the batch that routes message 1 must read it before it expires, or bob is never
     sent it (no Deliver), and on a slow machine the batch running when it is published took 1.8 s."""
-    config = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, tick_interval_s=0.25))
-    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    config = with_ticks(config, 0.25)
+    query = ticking_job(spark, config, sink)
     try:
-        # a running job (its first batch is slow: Spark warms up) before the clock starts
-        wait_for(lambda: any(isinstance(e, ev.Progress) for _, e in deliveries_topic(config, 1, 90)), 90,
-                 "the first tick batch")
         start = time.time_ns() // 1000
         five_s = start + 5_000_000
         produce(config, [
@@ -321,11 +336,9 @@ def test_a_five_second_timeout_expires_into_the_trash_by_ticks_and_a_restart_add
 def test_a_delivery_expires_at_its_own_time_not_at_the_next_regular_tick(spark, config, sink):
     """The regular ticks are five minutes apart here; the alarm the sink sets when it routes message 1
     brings a tick of its own when it expires, so it is in the Trash long before the next regular one."""
-    config = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, tick_interval_s=300))
-    query = build_query(spark, config, "0.1 seconds", sink=sink, metrics=False)
+    config = with_ticks(config, 300)
+    query = ticking_job(spark, config, sink)
     try:
-        wait_for(lambda: any(isinstance(e, ev.Progress) for _, e in deliveries_topic(config, 1, 90)), 90,
-                 "the first tick batch")
         start = time.time_ns() // 1000
         produce(config, [ev.Subscribe("bob", "gb", "/t/*", start),
                          ev.Publish(1, "/t/x", "c1", "alice", "ga", start + 1, expires_at=start + 3_000_000)])
