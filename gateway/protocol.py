@@ -710,6 +710,12 @@ def _is_boolean(value: str) -> bool:
 _RECEIPT_MODES = MappingProxyType({"NONE": "none", "ONE": "one", "ALL": "all", "NO": "none", "YES": "one"})
 
 
+#: The 2002 revision: "limited to one line of no more than 128 characters" (a header is one line).
+MAX_NAME_CHARS = 128
+
+#: What a bad value breaks, where "bad <attribute> value" would not say.
+_HEADER_RULES = MappingProxyType({"name": f"Name is limited to one line of at most {MAX_NAME_CHARS} characters"})
+
 #: Message header attributes whose values the gateway validates.
 _HEADER_CHECKS = MappingProxyType({
     "priority": _is_count,
@@ -720,6 +726,7 @@ _HEADER_CHECKS = MappingProxyType({
     "created": _parses(parse_date_time),
     "receipt": lambda value: value.upper() in _RECEIPT_MODES,
     "delivery": lambda value: value.upper() in ("ALL", "ONE"),
+    "name": lambda value: len(value) <= MAX_NAME_CHARS,
 })
 
 
@@ -728,7 +735,7 @@ def check_message_headers(headers: Headers) -> Reply | None:
     for name, value in headers:
         check = _HEADER_CHECKS.get(name.lower())
         if check is not None and not check(value):
-            return Reply.error(BAD_REQUEST, f"bad {name} value")
+            return Reply.error(BAD_REQUEST, _HEADER_RULES.get(name.lower(), f"bad {name} value"))
     return None
 
 
@@ -1871,14 +1878,16 @@ class Session:
         return self._consult(decide, pattern)
 
     def _subscription_limits(self, pattern: str) -> Reply | None:
-        """5.1 (7) and (8): topics one request may reach (414), subscriptions per account (510)."""
+        """5.1 (7) and (8): topics one request may reach, subscriptions per account: both 414
+        (4.1.9.1 "cannot subscribe to any more"); 510 is for ``SUB MESSAGE /*`` alone."""
         reached = len(self._registry.matching(pattern)) if pattern.endswith("/*") else 1
         if reached > self._config.max_topics_per_subscribe:
             return Reply.error(RESOURCE_TOO_LARGE, f"{pattern} reaches {reached} topics, "
                                                    f"more than {self._config.max_topics_per_subscribe}")
         mine = self._registry.subscriptions.get(self._account, {})
         if pattern not in mine and len(mine) >= self._config.max_subscriptions:
-            return Reply.error(MAX_QUANTITIES_EXCEEDED, f"{len(mine)} subscriptions already")
+            return Reply.error(RESOURCE_TOO_LARGE, f"cannot subscribe to any more: {len(mine)} subscriptions "
+                                                   f"already, the most one account may have")
         return None
 
     def smqp_UNSUBSCRIBE(self, verb: str, args: list[str]) -> list[Action]:

@@ -770,7 +770,7 @@ def test_not_available_greeting():
 
 
 def test_subscription_limits_per_request_and_per_account():
-    """5.1 (7) a wildcard reaching too many topics: 414; (8) too many subscriptions: 510."""
+    """5.1 (7) a wildcard reaching too many topics: 414; (8) too many subscriptions: 414 too (4.1.9.1)."""
     from tests.gateway.test_feeding import make_config
 
     def limited():
@@ -782,7 +782,8 @@ def test_subscription_limits_per_request_and_per_account():
                               b"SUB MESSAGE /d\r\n", limited)
     assert wire(actions) == (b"414 Resource too large (/a/* reaches 3 topics, more than 2)\r\n\r\n"
                              b"200-OK\r\n200 /b\r\n\r\n200-OK\r\n200 /c\r\n\r\n200-OK\r\n200 /b\r\n\r\n"
-                             b"510 Maximum quantities exceeded (2 subscriptions already)\r\n\r\n")
+                             b"414 Resource too large (cannot subscribe to any more: 2 subscriptions already, "
+                             b"the most one account may have)\r\n\r\n")
 
 
 def test_a_throttled_login_is_401_with_a_reason():
