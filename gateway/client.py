@@ -339,11 +339,12 @@ async def _open_connection(host: str, port: int, ssl: ssl_module.SSLContext | No
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
-async def _start_server(connected, host: str | None, port: int) -> asyncio.Server:
+async def _start_server(connected, host: str | None, port: int,
+                        ssl: ssl_module.SSLContext | None = None) -> asyncio.Server:
     """``asyncio.start_server`` with a :class:`_PushReader` per connection."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: asyncio.StreamReaderProtocol(_PushReader(loop), connected, loop=loop), host, port)
+        lambda: asyncio.StreamReaderProtocol(_PushReader(loop), connected, loop=loop), host, port, ssl=ssl)
 
 
 class _Channel:
@@ -811,17 +812,24 @@ class SMQPClient:
             self.notify_window = previous
             raise
 
-    async def notify_port(self, port: int = 0, host: str | None = None, *, listen_host: str | None = None) -> int:
+    async def notify_port(self, port: int = 0, host: str | None = None, *, listen_host: str | None = None,
+                          ssl: ssl_module.SSLContext | None = None) -> int:
         """SET NOTIFY PORT: listen first (``port`` 0: any free port), then ask the server to connect.
 
         The listener binds ``listen_host``, else ``host``, else this
         connection's own local address.  Notifications arriving there come
         out of :meth:`next_notification` like the others; their ``ack()``
         answers there.  Returns the port listened on.
+
+        On an SMQPS session the server connects with TLS, so the listener
+        needs ``ssl``: a server-side context holding its certificate (one the
+        gateway's ``notify_tls_ca`` trusts, for the address it connects to).
         """
+        if ssl is None and self._main.writer.get_extra_info("ssl_object") is not None:
+            raise ValueError("an SMQPS session's notify listener is TLS: pass ssl=<server-side SSLContext>")
         bind = listen_host or host or self._main.writer.get_extra_info("sockname")[0]
         before = set(self._notify_channels)
-        listener = await _start_server(self._accept_notify, bind, port)
+        listener = await _start_server(self._accept_notify, bind, port, ssl)
         actual = listener.sockets[0].getsockname()[1]
         try:
             await self.command("SET", "NOTIFY", "PORT", str(actual), *([host] if host else []))

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import ipaddress
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -794,6 +795,16 @@ def _unbase64(line: bytes) -> str:
         raise ScramError("not base64") from error
 
 
+def same_address(host: str) -> str:
+    """``host`` in one spelling per address (``::ffff:10.0.0.5`` is ``10.0.0.5``); names lower-cased."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower()
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
 def _valid_account(name: str) -> bool:
     """An account owns the topic ``/accounts/<name>``, so its name must make one."""
     try:
@@ -960,8 +971,11 @@ class Session:
                  new_salt: Callable[[], tuple[bytes, int]] = lambda: (b"salt", 4096),
                  store_credentials: Callable[[Credentials], str] = repr,
                  queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
-                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0)):
+                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0),
+                 peer: str = "", tls: bool = False):
         self._config = config
+        self._peer = peer  # the client's address as the I/O layer saw it ("" when unknown)
+        self._tls = tls  # the connection is SMQPS
         self._authenticate = authenticate
         self._clock = clock
         self._new_guid = new_guid
@@ -1291,8 +1305,18 @@ class Session:
             return self._scram_login(args[0])
         if method.upper() != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
+        if self._clear_refused():
+            return self._reply(self._clear_refusal())
         self._phase, self._login_user = _Phase.AUTHENTICATING, args[0]
         return self._reply(Reply.ok())
+
+    def _clear_refused(self) -> bool:
+        """A CLEAR password would cross the plain listener readable while SMQPS is there to carry it."""
+        return not self._tls and bool(self._config.tls_port) and self._config.clear_only_over_tls
+
+    def _clear_refusal(self) -> Reply:
+        return Reply.error(NOT_ALLOWED, f"CLEAR passwords only over SMQPS (port {self._config.tls_port}); "
+                                        f"use {SCRAM_METHOD}/1.0 on this port")
 
     def _scram_login(self, user: str) -> list[Action]:
         """SCRAM-SHA-256 through ``+`` continuation lines, each message base64:
@@ -1600,6 +1624,8 @@ class Session:
             return self._scram_set_password()
         if method != "CLEAR":
             return self._reply(Reply.error(NOT_ALLOWED))
+        if self._clear_refused():
+            return self._reply(self._clear_refusal())
 
         def new_password(old: str, line: bytes) -> list[Action]:
             if self._authenticate(self._account, old) is not AuthResult.OK:
@@ -1662,7 +1688,18 @@ class Session:
         if not 1 <= len(args) <= 2 or not (args[0].isascii() and args[0].isdigit()) \
                 or not 0 < int(args[0]) < 65536:
             return self._usage("SET NOTIFY PORT <ip-port> [ip-address]")
-        return [ConnectNotify(args[1] if len(args) == 2 else None, int(args[0]))]
+        host = args[1] if len(args) == 2 else None
+        if host is not None and not self._notify_host_allowed(host):
+            return self._reply(Reply.error(UNAUTHORIZED, f"notifications go only to this session's own address "
+                                                         f"{self._peer or '(unknown)'} or a host the "
+                                                         f"configuration allows, not {host}"))
+        return [ConnectNotify(host, int(args[0]))]
+
+    def _notify_host_allowed(self, host: str) -> bool:
+        """The server connects only back to the client, or to hosts ``notify_hosts`` names: else a
+        client could make it probe any host and port of its network (404 refused, 408 no answer)."""
+        named = same_address(host)
+        return named == same_address(self._peer) or named in {same_address(h) for h in self._config.notify_hosts}
 
     def _set_notify_window(self, args: list[str]) -> list[Action]:
         """``SET NOTIFY WINDOW <n>`` (our extension): up to ``n`` guaranteed NOTIFYs may await their

@@ -103,7 +103,8 @@ class Connection:
         self.gateway = gateway
         self.reader = reader
         self.writer = writer
-        self.session = gateway.new_session()
+        self.tls = writer.get_extra_info("ssl_object") is not None  # SMQPS: its SET NOTIFY PORT is TLS too
+        self.session = gateway.new_session(peer_host(writer), tls=self.tls)
         # bytes to write, a _PendingReply to await then write, a callable to run, or None to finish;
         # carried out in order by _flush, which writes what it can at once in one transport write
         self.outbox: deque = deque()
@@ -257,13 +258,14 @@ class Connection:
         return action.render(found)
 
     async def _connect_notify(self, action: ConnectNotify) -> list:
-        host = action.host or self.writer.get_extra_info("peername")[0]
+        host = action.host or peer_host(self.writer)
+        tls = self.gateway.notify_tls_context() if self.tls else None
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, action.port), 5)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, action.port, ssl=tls), 5)
         except asyncio.TimeoutError:
             return [Send(Reply.error(REQUEST_TIMEOUT, f"no answer from {host}:{action.port}").to_bytes())]
-        except OSError as error:
-            return [Send(Reply.error(NOT_FOUND, f"port {action.port} on {host}: {error.strerror}").to_bytes())]
+        except OSError as error:  # ssl.SSLError too: a TLS session's listener must speak TLS
+            return [Send(Reply.error(NOT_FOUND, f"port {action.port} on {host}: {error.strerror or error}").to_bytes())]
         if self.channel:
             self.channel.close()
         self.channel = NotifyChannel(self, reader, writer)
@@ -677,6 +679,20 @@ class _PendingReply:
     ack: Ack | None = None
 
 
+def peer_host(writer: asyncio.StreamWriter) -> str:
+    """The client's address ("" when the transport does not know it)."""
+    peer = writer.get_extra_info("peername")
+    return peer[0] if peer else ""
+
+
+def notify_tls_context(config: GatewayConfig) -> ssl.SSLContext:
+    """The client side of a TLS session's SET NOTIFY PORT connection: TLS 1.2+, the listener's
+    certificate checked against ``notify_tls_ca`` (else the system's CAs) and the address dialled."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.notify_tls_ca or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 def tls_context(config: GatewayConfig) -> ssl.SSLContext:
     """SMQPS: TLS 1.2+ with the configured certificate chain and key (standard library ``ssl``)."""
     if not (config.tls_cert and config.tls_key):
@@ -698,7 +714,7 @@ class Gateway:
                                  pending_for_topic=self.book.pending_for_topic)
         self.accounts = Accounts(config.accounts, allow_guest=config.gateway.allow_guest,
                                  overrides=self.registry.passwords, max_failures=config.gateway.max_login_failures,
-                                 lockout_s=config.gateway.login_lockout_s)
+                                 lockout_s=config.gateway.login_lockout_s, throttle_s=config.gateway.login_throttle_s)
         self.access = AccessList(config.ual)
         self.queue_params = functools.lru_cache(maxsize=4096)(TopicSettings(config.topics).resolve)
         self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
@@ -731,6 +747,7 @@ class Gateway:
         self.pause_at = config.gateway.max_buffered_bytes // 2
         self.unguaranteed_outstanding = 0
         self.unguaranteed_dropped = 0
+        self._notify_tls: ssl.SSLContext | None = None  # see notify_tls_context
 
     def fire_and_forget(self, action: Durable) -> None:
         """A non-guaranteed PUB: appended without a reply; dropped (and logged) when the
@@ -758,16 +775,24 @@ class Gateway:
     def _is_account(self, name: str) -> bool:
         return self.accounts.exists(name)
 
-    def new_session(self) -> Session:
-        return Session(self.config.gateway, self.accounts.authenticate,
+    def notify_tls_context(self) -> ssl.SSLContext:
+        """Made at the first TLS session's SET NOTIFY PORT (a plain-only gateway never reads the CA file)."""
+        if self._notify_tls is None:
+            self._notify_tls = notify_tls_context(self.config.gateway)
+        return self._notify_tls
+
+    def new_session(self, peer: str = "", *, tls: bool = False) -> Session:
+        """A session for a client at ``peer``: its failed logins are throttled by that address."""
+        return Session(self.config.gateway, functools.partial(self.accounts.authenticate, source=peer),
                        clock=lambda: datetime.now(timezone.utc), new_guid=new_guid, new_smuid=self.new_smuid,
                        registry=self.registry, new_request=lambda: uuid.uuid4().hex,
                        hash_password=hash_password, on_command=self.metrics.frame_in,
                        over_capacity=self._over_capacity, access=self.access,
-                       scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
+                       scram_credentials=functools.partial(self.accounts.scram_credentials, source=peer),
+                       login_outcome=functools.partial(self.accounts.login_outcome, source=peer),
                        new_nonce=lambda: secrets.token_urlsafe(18),
                        new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
-                       queue_params=self.queue_params, queued=self.book.sizes.of)
+                       queue_params=self.queue_params, queued=self.book.sizes.of, peer=peer, tls=tls)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""

@@ -74,11 +74,23 @@ class GatewayConfig:
     max_connections: int = 20000  # beyond this, "SMQP/1.0 Not Available." and a close
     max_subscriptions: int = 1000  # message subscriptions per account; beyond, 510
     max_topics_per_subscribe: int = 1000  # a wildcard SUB reaching more topics gets 414
-    max_login_failures: int = 5  # failed PASS per account within login_lockout_s before it is refused
+    # failed logins of one account from one address (IPv6: its /64) within login_lockout_s before that
+    # address's attempts at it are refused unchecked, for login_throttle_s after each further failure: the
+    # longest a correct password is refused; other addresses are never refused for those failures
+    max_login_failures: int = 5
     login_lockout_s: float = 30.0
+    login_throttle_s: float = 3.0
     tls_port: int = 0  # SMQPS (TLS) listener beside the plain one; 0 = off
     tls_cert: str = ""  # PEM certificate chain for SMQPS
     tls_key: str = ""  # PEM private key for SMQPS
+    # with tls_port set: LOGIN … CLEAR/1.0 and SET LOGIN PASSWORD CLEAR/1.0 on the plain port get 405
+    # (the password would cross it readable); SCRAM-SHA-256 stays allowed there
+    clear_only_over_tls: bool = True
+    # SET NOTIFY PORT may name the session's own address, or one of these hosts (addresses or names)
+    notify_hosts: tuple[str, ...] = ()
+    # a TLS session's SET NOTIFY PORT connection is TLS too: the CA file (PEM) its listener's certificate
+    # is checked against; "" = the system's trusted CAs
+    notify_tls_ca: str = ""
     status_port: int = 0  # HTTP /metrics (Prometheus) on this port of ``host``; 0 = off
     # bytes a connection may hold unread by its client (outbox + transport); past half of it its commands
     # are not read, a notification that would pass it closes it
@@ -92,6 +104,13 @@ class GatewayConfig:
     route_early: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.notify_hosts, str):  # SMQP_GATEWAY_NOTIFY_HOSTS=host,host
+            hosts = (host.strip() for host in self.notify_hosts.split(","))
+            object.__setattr__(self, "notify_hosts", tuple(host for host in hosts if host))
+        else:
+            object.__setattr__(self, "notify_hosts", tuple(self.notify_hosts))
+        if self.login_throttle_s < 0:
+            raise ValueError(f"[gateway] login_throttle_s must not be negative, not {self.login_throttle_s}")
         if self.max_notify_window < 1:
             raise ValueError(f"[gateway] max_notify_window must be at least 1, not {self.max_notify_window}")
 

@@ -489,8 +489,14 @@ def test_set_login_password_over_scram_refusals():
 
 
 def test_set_notify_port_asks_the_io_layer_to_connect():
+    from tests.gateway.test_feeding import make_config
+
+    def allowing_10_0_0_5():  # the configuration names 10.0.0.5 (test_session_limits: other hosts)
+        session = make_session(make_config(notify_hosts=("10.0.0.5",)))
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n"])
+        return session
     actions = feed_three_ways(b"SET NOTIFY PORT 7730\r\nSET NOTIFY PORT 7731 10.0.0.5\r\nSET NOTIFY PORT x\r\n",
-                              session_with())
+                              allowing_10_0_0_5)
     assert actions[:2] == [ConnectNotify(None, 7730), ConnectNotify("10.0.0.5", 7731)]
     assert wire(actions[2:]) == b"400 Bad request (usage: SET NOTIFY PORT <ip-port> [ip-address])\r\n\r\n"
 

@@ -98,7 +98,7 @@ def test_repeated_failed_logins_are_throttled_then_allowed_again():
     from gateway.accounts import Accounts, hash_password
     now = [0.0]
     accounts = Accounts({"ann": hash_password("right", iterations=1000)}, max_failures=3, lockout_s=30,
-                        clock=lambda: now[0])
+                        throttle_s=30, clock=lambda: now[0])
     assert [accounts.authenticate("ann", "wrong") for _ in range(3)] == [AuthResult.BAD_PASSWORD] * 3
     assert accounts.authenticate("ann", "right") is AuthResult.THROTTLED  # not even checked
     now[0] = 29.9
