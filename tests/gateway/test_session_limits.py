@@ -9,7 +9,6 @@ from gateway.accounts import Accounts, hash_password
 from gateway.protocol import AuthResult, ConnectNotify, Durable
 from tests.gateway.test_feeding import (
     feed_three_ways,
-    logged_in,
     make_config,
     make_registry,
     make_session,
@@ -127,8 +126,7 @@ def scram_logged_in(config):
     """A session logged in by SCRAM-SHA-256 on the plain port (what stays allowed there)."""
     import base64
 
-    from gateway.scram import ScramClient, salted_password
-    from gateway.scram import Credentials
+    from gateway.scram import Credentials, ScramClient, salted_password
     credentials = Credentials(b"salt", 4096, salted_password("rowe7kuy", b"salt", 4096))
     session = make_session(config, scram_credentials=lambda user: credentials)
     client = ScramClient("jtegen", "rowe7kuy", "CLIENT")
@@ -174,4 +172,3 @@ def test_a_name_of_129_characters_is_400_and_publishes_nothing():
 def test_a_name_of_128_characters_is_published():
     actions = feed_three_ways(pub(b"", headers=b"Name: " + "é".encode() * 128 + b"\r\n"))
     assert [a.event.topic for a in actions if isinstance(a, Durable)] == ["/stocks/quotes/ibm"]
-    assert logged_in().logged_in
