@@ -95,8 +95,8 @@ from schemas.events import (
 )
 from schemas.queue_params import QueueParameters
 from schemas.timefmt import format_date_time, format_micros, parse_date_time, parse_timeout
-from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
-                            trash_topic)
+from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, is_account_topic, parse_pattern,
+                            trash_of, trash_topic)
 
 CRLF = b"\r\n"
 SERVER_BYE = b"NOTIFY SERVER BYE\r\n\r\n"
@@ -925,10 +925,15 @@ _OPEN_VERBS = frozenset({"LOGIN", "PASS", "PASSWORD", "NOOP", "QUIT", "PUB", "PU
 
 _MESSAGE = frozenset({"MESSAGE", "MESS", "MESSAGES"})
 _TOPIC = frozenset({"TOPIC", "TOPICS"})
+#: The UAL rights that reach a virtual topic's target's messages, so are checked on the target too.
+_THROUGH_LINKS = frozenset({"subscribe", "publish", "reply"})
 _SUBSCRIBERS = frozenset({"SUBSCRIBERS", "SUBSCRIBER", "SUB"})
 _SERVER = frozenset({"SERVER", "SERV"})
 _PUBLISH_RESOURCES = _MESSAGE | {"REPLY"}
 _PROFILE = MappingProxyType({"NAME": "name", "EMAIL": "email", "ADDRESS": "address", "PHONE": "phone"})
+#: CREATE TOPIC's 405 "topic link bad" for a link to an account topic (4.1.4: the server disallows
+#: topics by the path of an account's reply topic; a link would be another way in to one).
+_ACCOUNT_LINK = "topic link bad: an account topic is never a link target"
 _CREATE_ARGS = re.compile(r"^(?P<topic>\S+)(?:\s+(?P<keywords>\([^)]*\)))?(?:\s+>\s*(?P<target>\S+))?\s*$")
 
 
@@ -1223,9 +1228,38 @@ class Session:
         return base == "" or self._registry.live(base)
 
     def _may(self, action: str, topic: str) -> bool:
-        """The UAL's word on ``action`` for ``topic`` (a wildcard: its parent) for this login."""
+        """The UAL's word on ``action`` for ``topic`` (a wildcard: its parent) for this login.
+
+        A virtual topic is a way to its target's messages, so reading, publishing or replying
+        through one also needs the right on the target, judged now: a UAL changed after the link
+        was made applies at once (admin rights stay the link's own: it is the link that is
+        created, renamed or removed)."""
         base = topic[:-2] if topic.endswith("/*") else topic
-        return self._access.allows(self._account, action, base or "/")
+        allowed = self._access.allows(self._account, action, base or "/")
+        target = self._link_target(base) if action in _THROUGH_LINKS and allowed else None
+        if target is None:
+            return allowed
+        if action == "subscribe":
+            return self.may_read(target)
+        return not is_account_topic(target) and self._access.allows(self._account, action, target)
+
+    def _link_target(self, path: str) -> str | None:
+        """The target of ``path`` when it is a live virtual topic, else None."""
+        topic = self._registry.topics.get(path)
+        return topic.target if topic is not None and topic.target and not topic.removed else None
+
+    def may_read(self, topic: str) -> bool:
+        """Whether this login may be sent, or read, the messages of canonical ``topic`` now:
+        its own account topic (never another's, never by the UAL), or a topic whose
+        ``subscribe`` right it holds (a virtual topic's: on its target too).
+
+        The gateway asks it before each NOTIFY MESSAGE and NOTIFY TOPIC / SUB (spec 6, 4.1.3:
+        what LIST would hide is never told), because the rights at SUBSCRIBE time are not enough:
+        the job routes by subscription, a subscription made through a virtual topic is one to its
+        target, and the UAL may have changed since."""
+        if is_account_topic(topic):
+            return topic == account_topic(self._account)
+        return self._may("subscribe", topic)
 
     def _denied(self, action: str, topic: str) -> list[Action]:
         return self._reply(Reply.error(UNAUTHORIZED, f"no {action} permission on {topic}"))
@@ -1498,10 +1532,21 @@ class Session:
                 return self._error(error)
             if target == topic:
                 return self._reply(Reply.error(CONFLICT, "a topic cannot link to itself"))
+            if is_account_topic(target):
+                return self._reply(Reply.error(NOT_ALLOWED, _ACCOUNT_LINK))
         keywords = parse_keywords(match["keywords"]) if match["keywords"] else []
         if not self._may("admin", topic):
             return self._denied("admin", topic)
+        if target is not None and not self._may_link_to(target):
+            return self._reply(Reply.error(UNAUTHORIZED, f"no subscribe or publish permission on {target}"))
         return self._control(CreateTopic(self._new_request(), self._account, topic, self._now(), keywords, target))
+
+    def _may_link_to(self, target: str) -> bool:
+        """A local virtual topic is made only by a login that may reach its target itself, as the
+        spec asks of a remote one (4.1.4: "permission to access the remote topic"): it holds the
+        subscribe or the publish right there.  Each use of the link is judged again (:meth:`_may`)."""
+        return self._access.allows(self._account, "subscribe", target) or self._access.allows(
+            self._account, "publish", target)
 
     def smqp_REMOVE(self, verb: str, args: list[str]) -> list[Action]:
         """``REMOVE TOPIC <topic>``: ``200 N messages pending``; pending deliveries still go out."""
