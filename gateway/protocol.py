@@ -958,7 +958,8 @@ class Session:
                  new_salt: Callable[[], tuple[bytes, int]] = lambda: (b"salt", 4096),
                  store_credentials: Callable[[Credentials], str] = repr,
                  queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
-                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0)):
+                 queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0),
+                 known_message: Callable[[str], tuple[str, str | None] | None] = lambda cmuid: None):
         self._config = config
         self._authenticate = authenticate
         self._clock = clock
@@ -977,6 +978,7 @@ class Session:
         self._store_credentials = store_credentials  # ... and the stored form of what the client derived
         self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
         self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
+        self._known_message = known_message  # NOTIFY Cmuid → (topic, Reply-Topic) of a message seen lately
         self._buffer = LineBuffer(config.max_line_bytes)
         self._server_host = config.server_host.lower()  # what a 310 ACK <smuid> names
         self._phase = _Phase.NEW
@@ -1786,7 +1788,8 @@ class Session:
         return self._consult(decide, topic)
 
     def _finish_reply(self, publish: _OpenPublish) -> list[Action]:
-        """PUB REPLY: to the account topic of the publisher named by the ``Cmuid`` attribute."""
+        """PUB REPLY: to the account topic of the publisher named by the ``Cmuid`` attribute,
+        once :meth:`_replied_to` has found the message it names."""
         original = next((v for n, v in publish.framer.headers if n.lower() == "cmuid"), "")
         account = original.split("/", 1)[0].lower()
         if not original or not _valid_account(account):
@@ -1797,7 +1800,51 @@ class Session:
         headers += [("In-Reply-To", original), ("Reply-Topic", publish.topic)]
         if not self._may("reply", publish.topic):
             return self._denied("reply", publish.topic)
-        return self._durable_publish(publish, account_topic(account), headers)
+        silent = not guaranteed(publish.framer.headers)
+
+        def send() -> list[Action]:
+            return self._durable_publish(publish, account_topic(account), headers)
+
+        def refuse() -> list[Action]:
+            return [] if silent else self._reply(Reply.error(
+                NOT_FOUND, f"no message {original} on {publish.topic} that this login could receive"))
+        return self._replied_to(publish.topic, original, send, refuse)
+
+    def _replied_to(self, topic: str, original: str, send: Callable[[], list[Action]],
+                    refuse: Callable[[], list[Action]]) -> list[Action]:
+        """``send()`` when the message whose NOTIFY ``Cmuid`` is ``original`` exists and this login
+        could have received it, else ``refuse()`` (404, and the reply reaches nobody).
+
+        Spec 4.1.8.2: a client replies "to a published message" it received, naming "the topic the
+        message was received from".  Our reading: the message must be one of ``topic`` (a virtual
+        topic's: of its target) that this login may read now (:meth:`may_read`, as GET MESSAGE
+        decides; it need not have been routed to this very login, since it could subscribe or GET
+        it), or a message on this login's own account topic (a reply or receipt it was sent) when
+        ``topic`` is that account topic or the reply's ``Reply-Topic``, the way back of the two-way
+        exchange the section ends with.  Whether the login was a recipient is not enough: a UAL
+        changed since then applies.  The gateway's memory of the messages routed lately answers
+        first (the job may not have committed one just NOTIFYed); else the ``messages`` table."""
+        mine = account_topic(self._account)
+
+        def accepts(found: str, reply_topic: str | None) -> bool:
+            if found == mine:
+                return topic in (mine, reply_topic)
+            return found == self._registry.resolve(topic) and self.may_read(topic)
+
+        def from_store(messages: list) -> list[Action]:
+            if any(f"{m.publisher}/{m.publisher_guid}/{m.cmuid}" == original
+                   and accepts(m.topic, _first(m.headers, "reply-topic")) for m in messages):
+                return send()
+            return refuse()
+
+        def decide(final: bool) -> list[Action]:
+            known = self._known_message(original)
+            if known is not None and accepts(*known):
+                return send()
+            target = self._registry.resolve(topic)
+            topics = (mine,) if target in (None, mine) else (target, mine)
+            return [ReadMessages(topics, from_store)]
+        return [Consult(decide)]
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
         params = self._queue_params(topic)

@@ -783,7 +783,7 @@ class Gateway:
                        scram_credentials=self.accounts.scram_credentials, login_outcome=self.accounts.login_outcome,
                        new_nonce=lambda: secrets.token_urlsafe(18),
                        new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
-                       queue_params=self.queue_params, queued=self.book.sizes.of)
+                       queue_params=self.queue_params, queued=self.book.sizes.of, known_message=self.book.seen.get)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
