@@ -1837,11 +1837,13 @@ class Session:
                 return send()
             return refuse()
 
-        def decide(final: bool) -> list[Action]:
+        def decide(final: bool) -> list[Action] | None:
             known = self._known_message(original)
             if known is not None and accepts(*known):
                 return send()
             target = self._registry.resolve(topic)
+            if target is None and not final:
+                return None  # a topic another gateway created a moment ago: sync, then look again
             topics = (mine,) if target in (None, mine) else (target, mine)
             return [ReadMessages(topics, from_store)]
         return [Consult(decide)]
