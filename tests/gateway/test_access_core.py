@@ -15,7 +15,8 @@ from tests.gateway.test_feeding import make_registry, make_session, run, wire
 
 #: Only jtegen may read or publish on /secret; everything else is open.
 ACCESS = AccessList({"/secret": {"subscribe": ["jtegen"], "publish": ["jtegen"]}})
-LOGINS = {"jtegen": b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n", "guest": b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n"}
+LOGINS = {"jtegen": b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n",
+          "guest": b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n"}
 
 
 def linked_registry():
@@ -41,7 +42,8 @@ def answer(session, command: bytes) -> bytes:
 
 def test_reading_through_a_link_needs_the_read_right_on_its_target():
     guest = session_as("guest")
-    assert answer(guest, b"SUB MESSAGE /pub/alias\r\n") == b"401 Unauthorized (no subscribe permission on /pub/alias)\r\n\r\n"
+    assert answer(guest, b"SUB MESSAGE /pub/alias\r\n") == \
+        b"401 Unauthorized (no subscribe permission on /pub/alias)\r\n\r\n"
     assert answer(guest, b"LIST MESSAGE /pub/alias\r\n") == b"404 Not found (/pub/alias)\r\n\r\n"
     assert answer(guest, b"COUNT MESSAGE /pub/alias\r\n") == b"404 Not found (/pub/alias)\r\n\r\n"
     assert answer(guest, b"LIST TOPIC /pub\r\n") == b"200 OK\r\n\r\n"
