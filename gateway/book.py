@@ -124,10 +124,42 @@ class QueueSizes:
         return self._totals.get(topic, (0, 0))
 
 
+#: How many messages delivered lately :class:`SeenMessages` keeps in mind for PUB REPLY's check.
+SEEN_MEMORY = 16384
+
+
+class SeenMessages:
+    """The messages this gateway saw routed lately (the job's ``Deliver`` or its own early routing),
+    by the ``Cmuid`` a NOTIFY shows (``publisher/guid/cmuid``): (topic, ``Reply-Topic`` or None).
+
+    PUB REPLY must name a message that exists on its topic.  The one replied to was just NOTIFYed,
+    most often, and the job may not have committed it to the ``messages`` table yet (or may be
+    down), so this memory answers first; what it has forgotten, or never saw (another gateway's
+    subscribers only), is looked up in the table.  The latest message of a Cmuid wins: a Cmuid
+    used twice falls back to the table."""
+
+    def __init__(self, limit: int = SEEN_MEMORY) -> None:
+        self._limit = limit
+        self._seen: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+
+    def add(self, deliver: Deliver) -> None:
+        key = f"{deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}"
+        reply_topic = next((v for n, v in deliver.headers if n.lower() == "reply-topic"), None)
+        self._seen[key] = (deliver.topic, reply_topic)
+        self._seen.move_to_end(key)
+        if len(self._seen) > self._limit:
+            self._seen.popitem(last=False)
+
+    def get(self, cmuid: str) -> tuple[str, str | None] | None:
+        """(topic, Reply-Topic) of the message last seen with the NOTIFY ``Cmuid`` ``cmuid``."""
+        return self._seen.get(cmuid)
+
+
 class DeliveryBook:
     """Per account: deliveries routed by the job and not yet acknowledged by any login."""
 
     def __init__(self) -> None:
+        self.seen = SeenMessages()
         self._pending: dict[str, dict[int, Deliver]] = defaultdict(dict)
         self._acked_unconfirmed: set[tuple[str, int]] = set()
         self._confirmed: OrderedDict[tuple[str, int], None] = OrderedDict()  # the latest Acked keys, oldest first
@@ -143,6 +175,7 @@ class DeliveryBook:
                 return None
             pending[event.smuid] = event
             self.sizes.added(event)
+            self.seen.add(event)
             return event
         if isinstance(event, Acked):
             self._settled(self._pending[event.account].pop(event.smuid, None))

@@ -96,8 +96,8 @@ from schemas.events import (
 )
 from schemas.queue_params import QueueParameters
 from schemas.timefmt import format_date_time, format_micros, parse_date_time, parse_timeout
-from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, parse_pattern, trash_of,
-                            trash_topic)
+from schemas.topics import (RootWildcardError, TopicError, account_topic, canonical, is_account_topic, parse_pattern,
+                            trash_of, trash_topic)
 
 CRLF = b"\r\n"
 SERVER_BYE = b"NOTIFY SERVER BYE\r\n\r\n"
@@ -943,10 +943,15 @@ _OPEN_VERBS = frozenset({"LOGIN", "PASS", "PASSWORD", "NOOP", "QUIT", "PUB", "PU
 
 _MESSAGE = frozenset({"MESSAGE", "MESS", "MESSAGES"})
 _TOPIC = frozenset({"TOPIC", "TOPICS"})
+#: The UAL rights that reach a virtual topic's target's messages, so are checked on the target too.
+_THROUGH_LINKS = frozenset({"subscribe", "publish", "reply"})
 _SUBSCRIBERS = frozenset({"SUBSCRIBERS", "SUBSCRIBER", "SUB"})
 _SERVER = frozenset({"SERVER", "SERV"})
 _PUBLISH_RESOURCES = _MESSAGE | {"REPLY"}
 _PROFILE = MappingProxyType({"NAME": "name", "EMAIL": "email", "ADDRESS": "address", "PHONE": "phone"})
+#: CREATE TOPIC's 405 "topic link bad" for a link to an account topic (4.1.4: the server disallows
+#: topics by the path of an account's reply topic; a link would be another way in to one).
+_ACCOUNT_LINK = "topic link bad: an account topic is never a link target"
 _CREATE_ARGS = re.compile(r"^(?P<topic>\S+)(?:\s+(?P<keywords>\([^)]*\)))?(?:\s+>\s*(?P<target>\S+))?\s*$")
 
 
@@ -972,7 +977,8 @@ class Session:
                  store_credentials: Callable[[Credentials], str] = repr,
                  queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
                  queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0),
-                 peer: str = "", tls: bool = False):
+                 peer: str = "", tls: bool = False,
+                 known_message: Callable[[str], tuple[str, str | None] | None] = lambda cmuid: None):
         self._config = config
         self._peer = peer  # the client's address as the I/O layer saw it ("" when unknown)
         self._tls = tls  # the connection is SMQPS
@@ -993,6 +999,7 @@ class Session:
         self._store_credentials = store_credentials  # ... and the stored form of what the client derived
         self._queue_params = queue_params  # a topic's effective [topics."/…"] parameters
         self._queued = queued  # (messages, data bytes) waiting in a topic's queue, as this gateway knows
+        self._known_message = known_message  # NOTIFY Cmuid → (topic, Reply-Topic) of a message seen lately
         self._buffer = LineBuffer(config.max_line_bytes)
         self._server_host = config.server_host.lower()  # what a 310 ACK <smuid> names
         self._phase = _Phase.NEW
@@ -1244,9 +1251,38 @@ class Session:
         return base == "" or self._registry.live(base)
 
     def _may(self, action: str, topic: str) -> bool:
-        """The UAL's word on ``action`` for ``topic`` (a wildcard: its parent) for this login."""
+        """The UAL's word on ``action`` for ``topic`` (a wildcard: its parent) for this login.
+
+        A virtual topic is a way to its target's messages, so reading, publishing or replying
+        through one also needs the right on the target, judged now: a UAL changed after the link
+        was made applies at once (admin rights stay the link's own: it is the link that is
+        created, renamed or removed)."""
         base = topic[:-2] if topic.endswith("/*") else topic
-        return self._access.allows(self._account, action, base or "/")
+        allowed = self._access.allows(self._account, action, base or "/")
+        target = self._link_target(base) if action in _THROUGH_LINKS and allowed else None
+        if target is None:
+            return allowed
+        if action == "subscribe":
+            return self.may_read(target)
+        return not is_account_topic(target) and self._access.allows(self._account, action, target)
+
+    def _link_target(self, path: str) -> str | None:
+        """The target of ``path`` when it is a live virtual topic, else None."""
+        topic = self._registry.topics.get(path)
+        return topic.target if topic is not None and topic.target and not topic.removed else None
+
+    def may_read(self, topic: str) -> bool:
+        """Whether this login may be sent, or read, the messages of canonical ``topic`` now:
+        its own account topic (never another's, never by the UAL), or a topic whose
+        ``subscribe`` right it holds (a virtual topic's: on its target too).
+
+        The gateway asks it before each NOTIFY MESSAGE and NOTIFY TOPIC / SUB (spec 6, 4.1.3:
+        what LIST would hide is never told), because the rights at SUBSCRIBE time are not enough:
+        the job routes by subscription, a subscription made through a virtual topic is one to its
+        target, and the UAL may have changed since."""
+        if is_account_topic(topic):
+            return topic == account_topic(self._account)
+        return self._may("subscribe", topic)
 
     def _denied(self, action: str, topic: str) -> list[Action]:
         return self._reply(Reply.error(UNAUTHORIZED, f"no {action} permission on {topic}"))
@@ -1529,10 +1565,21 @@ class Session:
                 return self._error(error)
             if target == topic:
                 return self._reply(Reply.error(CONFLICT, "a topic cannot link to itself"))
+            if is_account_topic(target):
+                return self._reply(Reply.error(NOT_ALLOWED, _ACCOUNT_LINK))
         keywords = parse_keywords(match["keywords"]) if match["keywords"] else []
         if not self._may("admin", topic):
             return self._denied("admin", topic)
+        if target is not None and not self._may_link_to(target):
+            return self._reply(Reply.error(UNAUTHORIZED, f"no subscribe or publish permission on {target}"))
         return self._control(CreateTopic(self._new_request(), self._account, topic, self._now(), keywords, target))
+
+    def _may_link_to(self, target: str) -> bool:
+        """A local virtual topic is made only by a login that may reach its target itself, as the
+        spec asks of a remote one (4.1.4: "permission to access the remote topic"): it holds the
+        subscribe or the publish right there.  Each use of the link is judged again (:meth:`_may`)."""
+        return self._access.allows(self._account, "subscribe", target) or self._access.allows(
+            self._account, "publish", target)
 
     def smqp_REMOVE(self, verb: str, args: list[str]) -> list[Action]:
         """``REMOVE TOPIC <topic>``: ``200 N messages pending``; pending deliveries still go out."""
@@ -1785,7 +1832,8 @@ class Session:
         return self._consult(decide, topic)
 
     def _finish_reply(self, publish: _OpenPublish) -> list[Action]:
-        """PUB REPLY: to the account topic of the publisher named by the ``Cmuid`` attribute."""
+        """PUB REPLY: to the account topic of the publisher named by the ``Cmuid`` attribute,
+        once :meth:`_replied_to` has found the message it names."""
         original = next((v for n, v in publish.framer.headers if n.lower() == "cmuid"), "")
         account = original.split("/", 1)[0].lower()
         if not original or not _valid_account(account):
@@ -1796,7 +1844,53 @@ class Session:
         headers += [("In-Reply-To", original), ("Reply-Topic", publish.topic)]
         if not self._may("reply", publish.topic):
             return self._denied("reply", publish.topic)
-        return self._durable_publish(publish, account_topic(account), headers)
+        silent = not guaranteed(publish.framer.headers)
+
+        def send() -> list[Action]:
+            return self._durable_publish(publish, account_topic(account), headers)
+
+        def refuse() -> list[Action]:
+            return [] if silent else self._reply(Reply.error(
+                NOT_FOUND, f"no message {original} on {publish.topic} that this login could receive"))
+        return self._replied_to(publish.topic, original, send, refuse)
+
+    def _replied_to(self, topic: str, original: str, send: Callable[[], list[Action]],
+                    refuse: Callable[[], list[Action]]) -> list[Action]:
+        """``send()`` when the message whose NOTIFY ``Cmuid`` is ``original`` exists and this login
+        could have received it, else ``refuse()`` (404, and the reply reaches nobody).
+
+        Spec 4.1.8.2: a client replies "to a published message" it received, naming "the topic the
+        message was received from".  Our reading: the message must be one of ``topic`` (a virtual
+        topic's: of its target) that this login may read now (:meth:`may_read`, as GET MESSAGE
+        decides; it need not have been routed to this very login, since it could subscribe or GET
+        it), or a message on this login's own account topic (a reply or receipt it was sent) when
+        ``topic`` is that account topic or the reply's ``Reply-Topic``, the way back of the two-way
+        exchange the section ends with.  Whether the login was a recipient is not enough: a UAL
+        changed since then applies.  The gateway's memory of the messages routed lately answers
+        first (the job may not have committed one just NOTIFYed); else the ``messages`` table."""
+        mine = account_topic(self._account)
+
+        def accepts(found: str, reply_topic: str | None) -> bool:
+            if found == mine:
+                return topic in (mine, reply_topic)
+            return found == self._registry.resolve(topic) and self.may_read(topic)
+
+        def from_store(messages: list) -> list[Action]:
+            if any(f"{m.publisher}/{m.publisher_guid}/{m.cmuid}" == original
+                   and accepts(m.topic, _first(m.headers, "reply-topic")) for m in messages):
+                return send()
+            return refuse()
+
+        def decide(final: bool) -> list[Action] | None:
+            known = self._known_message(original)
+            if known is not None and accepts(*known):
+                return send()
+            target = self._registry.resolve(topic)
+            if target is None and not final:
+                return None  # a topic another gateway created a moment ago: sync, then look again
+            topics = (mine,) if target in (None, mine) else (target, mine)
+            return [ReadMessages(topics, from_store)]
+        return [Consult(decide)]
 
     def _durable_publish(self, publish: _OpenPublish, topic: str, headers: Headers) -> list[Action]:
         params = self._queue_params(topic)

@@ -146,6 +146,8 @@ class Registry:
         if self.live(path):
             return Reply.error(CONFLICT, f"{path} exists"), []
         if event.target is not None:
+            if is_account_topic(event.target):  # as the gateway refuses it; never a way in to one
+                return Reply.error(NOT_ALLOWED, "topic link bad: an account topic is never a link target"), []
             target = self.topics.get(event.target)
             if target is not None and target.target is not None and not target.removed:
                 return Reply.error(NOT_ALLOWED, "topic link bad: the target is itself virtual"), []

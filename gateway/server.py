@@ -512,12 +512,20 @@ class Connection:
 
     def send_next(self) -> None:
         """Send NOTIFY MESSAGEs of topics not suspended while fewer than the session's window
-        (1: the spec's two-phase commit) await their ACK."""
+        (1: the spec's two-phase commit) await their ACK.
+
+        The read right is enforced here, where the data reaches the client: the job and the
+        early routing deliver by subscription alone, and a subscription made through a virtual
+        topic is one to its target, so a message of a topic this login may not read now
+        (:meth:`Session.may_read`: the UAL of today, not of the SUBSCRIBE) is dropped from its
+        queue unsent.  It stays pending for the account and expires as an unacknowledged message."""
         if self.closing:
             return
         window = self.session.notify_window
         skip = (lambda d: self.session.suspended(d.topic)) if self.session.suspends else None
         while len(self.in_flight) - self.acking < window and (deliver := self.queue.pop(skip)) is not None:
+            if not self.session.may_read(deliver.topic):
+                continue
             frame = self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid))
             if type(frame) is not _Notice:  # rendered just now
                 frame = _Notice(frame)
@@ -642,6 +650,14 @@ class NotifyChannel:
         finally:
             self.writer.close()
             connection.channel_lost(self)
+
+
+def _topics_named(change: TopicChanged | SubscribersChanged) -> list[str]:
+    """The topics a NOTIFY TOPIC / SUB of ``change`` reveals (a rename: both names).  A watcher is
+    told only when it may read each (spec 4.1.3: what LIST hides, no notification reveals)."""
+    if isinstance(change, TopicChanged) and change.action.startswith("RENAME "):
+        return [change.topic, change.action[len("RENAME "):]]
+    return [change.topic]
 
 
 def _unavailable() -> bytes:
@@ -792,7 +808,8 @@ class Gateway:
                        login_outcome=functools.partial(self.accounts.login_outcome, source=peer),
                        new_nonce=lambda: secrets.token_urlsafe(18),
                        new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
-                       queue_params=self.queue_params, queued=self.book.sizes.of, peer=peer, tls=tls)
+                       queue_params=self.queue_params, queued=self.book.sizes.of, peer=peer, tls=tls,
+                       known_message=self.book.seen.get)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""
@@ -919,9 +936,11 @@ class Gateway:
                 if connection.session.watches_server_timeout:
                     connection.notify(frame)
             return
+        named = _topics_named(change)
         for account in accounts:
             for connection in self.sessions.get(account, ()):
-                connection.notify(frame)
+                if all(connection.session.may_read(topic) for topic in named):
+                    connection.notify(frame)
 
     def _route_early(self, offset: int, raw: RawPublish) -> None:
         """NOTIFY a DELIVERY ALL message as soon as its publish is folded, ahead of the job.

@@ -365,7 +365,8 @@ def test_a_remote_virtual_topic_is_not_implemented():
 
 def test_publish_reply_goes_to_the_original_publishers_account_topic():
     """4.1.8.2's PUB REPLY example (its Content-Length corrected to 9; its ``Created`` and body kept):
-    the reply is published to /accounts/jtegen carrying the original CMUID as ``In-Reply-To``."""
+    the reply is published to /accounts/jtegen carrying the original CMUID as ``In-Reply-To``.
+    As in the example, the replier was NOTIFYed the message on /stocks/quotes/ibm (the gateway saw it)."""
     client, server = transcript("""
         C: PUB REPLY /stocks/quotes/ibm CF0456
         C: Created: D20010815T08035341Z
@@ -383,7 +384,13 @@ def test_publish_reply_goes_to_the_original_publishers_account_topic():
         S: 200 CF0456 2001083408341156
         S:
     """)
-    [durable] = feed_three_ways(client)
+    seen = {"jtegen/jtegen497549/A004": ("/stocks/quotes/ibm", None)}
+
+    def replier():
+        session = make_session(known_message=seen.get)
+        run(session, [b"LOGIN jtegen CLEAR/1.0\r\nPASS jtegen rowe7kuy\r\n\r\n"])
+        return session
+    [durable] = feed_three_ways(client, replier)
     assert wire([durable]) == server
     event = durable.event
     assert (event.topic, event.cmuid, event.priority) == ("/accounts/jtegen", "CF0456", 1)
