@@ -135,7 +135,9 @@ class ReplyCounter:
         for chunk in chunks:
             line = chunk.lstrip(b"\r\n").split(b"\r\n", 1)[0]
             if line:
-                word = line[:3] if line[:3].isdigit() else line.split(b" ", 1)[0][:12]
+                word = line[:3] if line[:3].isdigit() else line.split(b" ", 1)[0]
+                if not (word.isdigit() or word in (b"+", b"NOTIFY")):
+                    word = b"(inside a NOTIFY's data)"  # a data section's own empty lines
                 self.codes[(line[:80] if self.by_line else word).decode("ascii", "replace")] += 1
                 self.last_line = line[:120]
                 self.changed.set()
@@ -508,6 +510,7 @@ async def fuzz(address, args) -> dict:
     print(f"  fuzz: {len(pool)} frames drawn by hypothesis in {pool_s:.1f} s (seed {args.seed}); sending "
           f"{args.fuzz_frames:,} over {args.fuzz_connections} connections ...", flush=True)
     deadline = time.monotonic() + args.fuzz_seconds
+    attack_start = time.time()
     share = -(-args.fuzz_frames // args.fuzz_connections)
     totals = {"sent": 0, "bytes": 0, "connections": 0, "closed_by_gateway": 0, "given_up_unanswered": 0,
               "connect_errors": collections.Counter()}
@@ -524,7 +527,7 @@ async def fuzz(address, args) -> dict:
             "connections_opened": totals["connections"], "closed_by_gateway": totals["closed_by_gateway"],
             "given_up_in_an_unfinished_frame": totals["given_up_unanswered"],
             "connect_errors": dict(totals["connect_errors"]), "reply_frames": dict(codes.most_common()),
-            "last_line_before_close": dict(last_lines.most_common(8))}
+            "last_line_before_close": dict(last_lines.most_common(8)), "attack_window": [attack_start, time.time()]}
 
 
 async def _fuzz_worker(address, mutator, frames: int, deadline: float, totals: dict,
@@ -623,6 +626,7 @@ async def brute(address, args) -> dict:
     await asyncio.gather(*(_brute_worker(address, min(share, args.brute_attempts - i * share), deadline, counts, sent)
                            for i in range(args.brute_connections)))
     seconds, ended = time.monotonic() - started, time.time()
+    attack_window = [ended - seconds, ended]
     over.set()
     await owning
     regained = await _owner_regains(address, ended, args.owner_wait)
@@ -630,7 +634,7 @@ async def brute(address, args) -> dict:
     return {"attempts_sent": sent[0], "seconds": round(seconds, 1), "attempts_per_s": round(sent[0] / seconds),
             "replies": dict(counts.most_common()), "owner_logins_during": len(owner),
             "owner_refused_during": len(refused), "owner_outcomes": sorted({o["outcome"] for o in owner}),
-            "owner_in_again_after_attack_s": regained}
+            "owner_in_again_after_attack_s": regained, "attack_window": attack_window}
 
 
 async def _brute_worker(address, attempts: int, deadline: float, counts: collections.Counter, sent: list) -> None:
@@ -722,12 +726,17 @@ def gateway_log_errors(path: Path | None) -> dict:
     if path is None or not path.exists():
         return {"log": None}
     text = path.read_text(errors="replace")
-    errors = collections.Counter(re.sub(r"\d+", "N", line.split(" ERROR ", 1)[-1])[:140]
-                                 for line in text.splitlines() if " ERROR " in line or line.startswith("Traceback"))
-    exceptions = collections.Counter(line[:140] for line in text.splitlines()
-                                     if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", line))
+    kinds: collections.Counter = collections.Counter()
+    for entry in re.split(r"\n(?=\d{4}-\d\d-\d\d )", text):
+        if " ERROR " not in entry and "Traceback" not in entry:
+            continue
+        lines = entry.splitlines()
+        raised = [line for line in lines if re.match(r"^[A-Za-z_.]+(Error|Exception|Misuse)\b", line)]
+        ours = [line.strip() for line in lines if re.search(r'File "[^"]*/(gateway|kafka_edge|schemas)/', line)]
+        logged = re.sub(r"\(.*|\d+", "", lines[0].split(" ERROR ", 1)[-1])[:60].strip()
+        kinds[" | ".join(filter(None, (logged, raised[-1][:120] if raised else "", ours[-1] if ours else "")))] += 1
     return {"log": str(path), "tracebacks": text.count("Traceback (most recent call last)"),
-            "error_lines": dict(errors.most_common(8)), "exceptions": dict(exceptions.most_common(8))}
+            "errors_by_kind": dict(kinds.most_common(10))}
 
 
 async def run_phases(address, args, gateway_pid: int | None, sampler: Sampler) -> list[PhaseWindow]:
@@ -760,9 +769,12 @@ def report(args, windows: list[PhaseWindow], legit: dict, gateway, limits: dict,
     alive = gateway.poll() is None if gateway else None
     phases = {}
     for window in windows:
-        phases[window.name] = {"seconds": round(window.end - window.start, 1),
+        phases[window.name] = {"phase_seconds": round(window.end - window.start, 1),
                                "legit_noop": latency_figures(legit["samples"], window.start, window.end),
                                **window.figures}
+        attack = phases[window.name].pop("attack_window", None)
+        if attack:  # the attack proper, without its preparation or aftermath
+            phases[window.name]["legit_noop_during_attack"] = latency_figures(legit["samples"], *attack)
     unserved = sum(p["legit_noop"]["unanswered"] for p in phases.values())
     result = {
         "started": started.isoformat(timespec="seconds"), "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -771,6 +783,7 @@ def report(args, windows: list[PhaseWindow], legit: dict, gateway, limits: dict,
         "host": {"cores": os.cpu_count(), "load_average_end": [round(x, 2) for x in os.getloadavg()], "note": args.note},
         "target": "own stack: Kafka + one gateway process, no streaming job (DELIVERY ALL is routed early by the "
                   "gateway)" if args.own_stack else f"{args.address}",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("file_limit", "note")},
         "gateway_limits": limits, "file_limit": args.file_limit,
         "phases": phases,
         "legit": {"noop_interval_s": args.noop_interval, "published": legit["published"], "received": legit["received"],
@@ -782,7 +795,8 @@ def report(args, windows: list[PhaseWindow], legit: dict, gateway, limits: dict,
                     "rss_end_mb": resident_memory_mb(gateway.pid) if alive else None, **gateway_log_errors(log)},
     }
     result["verdict"] = {"gateway_alive": alive is not False, "no_message_lost": legit["lost"] == 0,
-                         "legit_client_always_served": unserved == 0 and not legit["events"]}
+                         "legit_client_always_served": unserved == 0 and not legit["events"],
+                         "no_error_logged_by_gateway": not result["gateway"].get("tracebacks")}
     return result
 
 
@@ -819,7 +833,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--fuzz-connections", type=int, default=32, help="connections sending them at once (default 32)")
     add("--fuzz-seconds", type=float, default=300, help="time bound of the fuzz (default 300)")
     add("--seed", type=int, default=32, help="seed of the pool and of the mutations (default 32)")
-    add("--brute-attempts", type=int, default=200_000, help="wrong passwords tried (default 200,000)")
+    add("--brute-attempts", type=int, default=1_000_000, help="wrong passwords tried (default 1,000,000)")
     add("--brute-connections", type=int, default=50, help="connections trying them (default 50)")
     add("--brute-seconds", type=float, default=30, help="time bound of the brute force (default 30)")
     add("--owner-wait", type=float, default=45, help="seconds to wait for the owner to get in afterwards (default 45)")
