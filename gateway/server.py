@@ -518,8 +518,12 @@ class Connection:
         early routing deliver by subscription alone, and a subscription made through a virtual
         topic is one to its target, so a message of a topic this login may not read now
         (:meth:`Session.may_read`: the UAL of today, not of the SUBSCRIBE) is dropped from its
-        queue unsent.  It stays pending for the account and expires as an unacknowledged message."""
-        if self.closing:
+        queue unsent.  It stays pending for the account and expires as an unacknowledged message.
+
+        Nothing goes once the core has ended the login: a registration (or a wake) carried out
+        in order behind a reply that waited on Kafka may find the session already past a QUIT
+        or a LOGIN that failed, pipelined behind it."""
+        if self.closing or not self.session.logged_in:
             return
         window = self.session.notify_window
         skip = (lambda d: self.session.suspended(d.topic)) if self.session.suspends else None

@@ -113,3 +113,29 @@ def test_command_line_client_reports_refusals_clearly(gateway):
     unreachable = subprocess.run([sys.executable, "-m", "gateway.cli", "--port", "1", "pub", "/a/b", "hi"],
                                  capture_output=True, text=True, timeout=60)
     assert unreachable.returncode == 2 and "cannot reach" in unreachable.stderr
+
+
+def test_a_pipelined_login_with_deliveries_waiting_that_quits_gets_every_reply(gateway):
+    """Found by the adversarial run: a login whose messages wait for it, pipelined with a command
+    that waits on Kafka and a QUIT in one write.  Its registration, carried out after the login's
+    reply, met a session the core had already ended; the NOTIFY it tried raised, and nothing
+    after it was ever written, the QUIT's reply included."""
+    host, port = gateway.address
+
+    async def scenario():
+        async with await SMQPClient.open(host, port) as guest:
+            await guest.subscribe("/a/b")
+        async with await SMQPClient.open(host, port) as publisher:
+            for n in range(3):
+                await publisher.publish("/a/b", f"waiting {n}")
+        reader, writer = await raw_session(host, port)
+        writer.write(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\nCREATE TOPIC /a/c\r\nLIST TOPIC /a\r\nQUIT\r\n")
+        replies = [await read_reply(reader) for _ in range(5)]
+        writer.close()
+        return replies
+
+    replies = asyncio.run(scenario())
+    codes = [reply[:3] for reply in replies]
+    assert codes[:3] == [b"200", b"200", b"200"], replies  # LOGIN, PASS, CREATE
+    assert codes[3] == b"200" and b"/a/c" in replies[3]  # LIST TOPIC shows what CREATE made
+    assert codes[4].startswith(b"2"), replies  # QUIT's goodbye
