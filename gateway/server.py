@@ -887,17 +887,10 @@ class Gateway:
         for offset, event in records:
             if isinstance(event, RawPublish):
                 self.registry.apply(None, offset)
-                self._route_early(offset, event)
+                self._after_fold(offset, self._route_early, offset, event)
                 continue
             changes = self.registry.apply(event, offset)
-            if live:
-                for change in changes:
-                    self._announce(change)
-            for moved in self.presence.apply(event):
-                self._presence_changed(moved)
-            if isinstance(event, Subscribe) and self.sessions.get(event.account):
-                # a login here subscribed: it may take what is locked to accounts logged in nowhere
-                self._hand_on_locked(self.book.accounts(), takers=[event.account])
+            self._after_fold(offset, self._on_folded, event, changes if live else [])
         applied = self.registry.applied
         waiting = []
         for offset, future in self._fold_waiters:
@@ -907,6 +900,27 @@ class Gateway:
             else:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
+
+    def _on_folded(self, event, changes: list) -> None:
+        """What a folded control event sets off here: NOTIFY TOPIC / SUB, presence, hand-ons."""
+        for change in changes:
+            self._announce(change)
+        for moved in self.presence.apply(event):
+            self._presence_changed(moved)
+        if isinstance(event, Subscribe) and self.sessions.get(event.account):
+            # a login here subscribed: it may take what is locked to accounts logged in nowhere
+            self._hand_on_locked(self.book.accounts(), takers=[event.account])
+
+    @staticmethod
+    def _after_fold(offset: int, react, *args) -> None:
+        """``react(*args)``, the part of folding record ``offset`` that reaches connections: an
+        error there is logged and the fold goes on, so the records after it are still folded and
+        the commands waiting on them answered (one raised once, and the rest of its batch went
+        unfolded: a CREATE's client then waited for a reply that never came)."""
+        try:
+            react(*args)
+        except Exception:  # noqa: BLE001 - logged with its traceback; the fold must go on
+            log.exception("control record %d folded, but reacting to it failed", offset)
 
     async def folded(self, offset: int) -> None:
         """Wait until the registry has folded partition 0 up to ``offset``."""

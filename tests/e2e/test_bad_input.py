@@ -12,7 +12,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from gateway.client import SMQPClient
-from schemas.events import Publish, decode
+from gateway.feeds import RawPublish
+from schemas.events import CreateTopic, Publish, decode
 from tests.e2e.stack import GatewayThread, create_smqp_topics, stack_config
 
 pytestmark = pytest.mark.e2e
@@ -139,3 +140,23 @@ def test_a_pipelined_login_with_deliveries_waiting_that_quits_gets_every_reply(g
     assert codes[:3] == [b"200", b"200", b"200"], replies  # LOGIN, PASS, CREATE
     assert codes[3] == b"200" and b"/a/c" in replies[3]  # LIST TOPIC shows what CREATE made
     assert codes[4].startswith(b"2"), replies  # QUIT's goodbye
+
+
+def test_a_failure_reacting_to_one_control_record_does_not_stop_the_fold(gateway):
+    """A fault injected into the early routing of one publish (the adversarial run saw an error
+    raised there once), with a CREATE TOPIC behind it in the same batch of the control tail: the
+    CREATE is still folded, and a client waiting on it answered."""
+    def faulty(offset, raw):
+        raise RuntimeError("injected fault")
+
+    gateway.gateway._route_early = faulty
+    create = CreateTopic("request-after", "guest", "/a/after", 0)
+    poison = RawPublish("/a/b", b'{"type":"publish"}')
+
+    async def fold_both():
+        applied = gateway.gateway.registry.applied
+        gateway.gateway._on_control([(applied + 1, poison), (applied + 2, create)])
+        await asyncio.wait_for(gateway.gateway.folded(applied + 2), 5)
+
+    gateway.call(fold_both(), timeout=10)
+    assert gateway.gateway.registry.live("/a/after")
