@@ -166,7 +166,10 @@ class Connection:
                 await self.writer.wait_closed()
 
     async def _read_loop(self) -> None:
+        """Read and feed the core.  ``frame_timeout_s`` runs from the read that began the unfinished
+        frame, not from the last one: a client trickling a byte at a time is not kept open by each."""
         timeout = self.gateway.config.gateway.frame_timeout_s
+        frame_began = None  # monotonic time of the read that began the unfinished frame
         while not self.closing:
             while self.unsettled + len(self.actions) >= MAX_PIPELINED:  # back-pressure on this client
                 self.settled.clear()
@@ -176,13 +179,18 @@ class Connection:
                 await self.drained.wait()
             if self.closing:
                 return
+            left = max(0.0, frame_began + timeout - time.monotonic()) if frame_began is not None else None
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_SIZE),
-                                              timeout if self.session.in_frame else None)
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), left)
             except asyncio.TimeoutError:
                 self._perform(self.session.frame_timeout())
                 continue
-            self._perform(self.session.receive_data(data))
+            actions = self.session.receive_data(data)
+            if not self.session.in_frame:
+                frame_began = None
+            elif frame_began is None or actions:  # a frame began, or one ended and the next began
+                frame_began = time.monotonic()
+            self._perform(actions)
             if not data:
                 return
             await asyncio.sleep(0)  # the others' turn (see READ_SIZE), even when more is buffered

@@ -160,3 +160,28 @@ def test_a_failure_reacting_to_one_control_record_does_not_stop_the_fold(gateway
 
     gateway.call(fold_both(), timeout=10)
     assert gateway.gateway.registry.live("/a/after")
+
+
+def test_a_frame_dribbled_a_byte_at_a_time_still_times_out(gateway):
+    """``frame_timeout_s`` (1 s here) is the age of an unfinished frame: a client sending one byte
+    every 0.3 s gets 408 and is closed within a few seconds, not kept open by each byte (the
+    adversarial run's slow writer was still connected after 45 s at 5 s per byte)."""
+    host, port = gateway.address
+
+    async def scenario():
+        reader, writer = await raw_session(host, port)
+        writer.write(b"LOGIN guest CLEAR/1.0\r\nPASS guest\r\n")
+        await read_reply(reader), await read_reply(reader)
+        writer.write(b"PUB MESSAGE /a/b c1\r\n")
+        reply = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+        for byte in b"Content-Type: text/plain; a long header that never ends":
+            if reply.done():
+                break
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.3)
+        done = reply.done()
+        reply.cancel()
+        writer.close()
+        return done and reply.result()
+
+    assert (asyncio.run(scenario()) or b"").startswith(b"408")
