@@ -519,7 +519,7 @@ class _Farm:
 
     addresses: list[tuple[str, int]]
     account: str
-    password: str
+    password: str = field(repr=False)
     method: str
     ssl: ssl_module.SSLContext | None
     timeout: float

@@ -1067,10 +1067,12 @@ class Gateway:
                 self._announce_presence(account)
 
     def plan_shutdown(self, grace_s: float) -> None:
-        """Ask :func:`serve` to stop with :meth:`close` (``grace_s``); the first ask wins."""
-        if not self.shutdown_asked.is_set():
-            self.shutdown_grace_s = grace_s
-            self.shutdown_asked.set()
+        """Ask :func:`serve` to stop with :meth:`close` (``grace_s``).  A later ask can only shorten
+        the grace, even one under way: Ctrl-C during a SIGTERM's grace closes at once."""
+        if self.shutdown_asked.is_set():
+            grace_s = min(grace_s, self.shutdown_grace_s)
+        self.shutdown_grace_s = grace_s
+        self.shutdown_asked.set()
 
     def _admin_bye(self, event: PlannedShutdown) -> None:
         """``python -m gateway.admin bye`` named this gateway."""
@@ -1096,8 +1098,13 @@ class Gateway:
         for connection in list(self.connections):
             if not connection.closing:
                 connection.send(frame)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._connections_ended(), grace_s)
+        started = time.monotonic()
+        while self.connections and time.monotonic() - started < min(grace_s, self._current_grace()):
+            await asyncio.sleep(0.05)
+
+    def _current_grace(self) -> float:
+        """The grace as a later :meth:`plan_shutdown` may have shortened it."""
+        return self.shutdown_grace_s if self.shutdown_asked.is_set() else float("inf")
 
     async def close(self, grace_s: float = 0.0) -> None:
         """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients.

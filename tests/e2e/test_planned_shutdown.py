@@ -77,6 +77,23 @@ def test_sigterm_announces_bye_with_the_grace_then_closes_after_it(broker, tmp_p
         gateway.stop()
 
 
+def test_ctrl_c_during_the_grace_closes_at_once(broker, tmp_path):
+    config = stack_config(broker, tmp_path, ACCOUNTS)
+    gateway = gateway_process(config, tmp_path, grace_s=300)
+    gateway.start()
+    try:
+        async def scenario() -> None:
+            bob = await SMQPClient.open("127.0.0.1", config.gateway.port, "bob", "bob-pw")
+            gateway.process.send_signal(signal.SIGTERM)
+            assert (await bye(bob, within=5)).timeout == "00:00:05:00"
+            gateway.process.send_signal(signal.SIGINT)
+            await asyncio.wait_for(bob.closed.wait(), 10)
+        asyncio.run(scenario())
+        assert gateway.process.wait(30) == 0
+    finally:
+        gateway.stop()
+
+
 def test_admin_bye_shuts_down_the_named_gateway_after_its_grace(broker, tmp_path):
     config = stack_config(broker, tmp_path, ACCOUNTS, node_id=5)
     gateway = gateway_process(config, tmp_path, grace_s=0)
