@@ -253,6 +253,13 @@ def test_dashboard_in_chromium_shows_the_tables_figures(broker, spark, tmp_path)
     assert figures["connections"] == figures["logins"] == "1"  # bob, still holding his fifth NOTIFY
     assert figures["pending"] == shown(number(figures["pending"]))  # (a number, not "—")
     assert 0 <= number(figures["messages-minute"]) <= 8
+    # bob's deliveries not yet acknowledged: one in flight, the rest queued behind it (carol's wait offline)
+    assert number(figures["in-flight"]) + number(figures["queued"]) == 4
+    assert number(figures["frames-in"]) >= 8 + 4  # at least the PUBs and the ACKs
+    if latest["add_batch_ms"] is not None:
+        assert figures["add-batch"] == shown(latest["add_batch_ms"])
+    for rate in ("publish-rate", "error-rate", "trash-growth"):  # "—" until two refreshes
+        assert figures[rate] == "—" or number(figures[rate]) >= 0, (rate, figures[rate])
 
     # every latency shown: measured from the NOTIFY bob got to his ACK, so never negative, and
     # never longer than the session that made it (the gateway routes early: the job's Deliver
