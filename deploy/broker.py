@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -97,8 +97,9 @@ class KafkaBroker:
 
     def __init__(self, directory: str | os.PathLike, port: int | None = None, *,
                  settings: LocalKafkaConfig = LocalKafkaConfig(), controller_port: int | None = None,
-                 advertised_port: int | None = None):
+                 advertised_port: int | None = None, preexec_fn: Callable[[], None] | None = None):
         self.directory = Path(directory).absolute()
+        self.preexec_fn = preexec_fn  # run in the JVM's process before it starts (deploy.children.dying_with)
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
         self.advertised_port = advertised_port or self.port
@@ -179,7 +180,7 @@ class KafkaBroker:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self._java("kafka.Kafka", str(config), heap=self.settings.heap),
                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+                                             start_new_session=True, preexec_fn=self.preexec_fn)
         try:
             self._wait_until_serving(timeout)
         except BaseException:

@@ -14,11 +14,13 @@ Where the figures come from:
 
 * the gateways' status pages (``[dashboard] gateways``, or this
   configuration's gateway when its ``status_port`` is set), scraped every
-  ``refresh_s``: connections, frames per verb, NOTIFYs in flight, ACK latency,
-  errors per reply code;
+  ``refresh_s``: connections, frames per verb, NOTIFYs in flight, ACK latency
+  (NOTIFY written → the client's ACK, as the gateway that sent the NOTIFY timed
+  it: since each gateway started, and over the last five minutes from the
+  difference of two scrapes), errors per reply code;
 * the job's Delta tables, read with delta-rs in a worker thread (never on the
   event loop): ``messages`` (per topic, last minute), ``deliveries`` (pending
-  and acknowledged per topic, deliver → ACK latency), ``trash`` (per topic,
+  and acknowledged per topic), ``trash`` (per topic,
   when the table exists) and ``metrics`` (one row per micro-batch, written by
   the job's ``StreamingQueryListener``; see :mod:`schemas.metrics`).  A table
   the job has not created yet is shown as absent, not as an error.
@@ -73,7 +75,7 @@ except ImportError:  # pragma: no cover - a tree without the streaming metrics r
 BATCH_COLUMNS = ("query_name", "run_id", "batch_id", "timestamp", "num_input_rows", "input_rows_per_second",
                  "processed_rows_per_second", "batch_duration_ms", *DURATION_PHASES.values(), "kafka_lag",
                  "state_rows_total", "partitions")
-RECENT_S = 300  # window of the "recent" figures derived from Delta (latencies, per-minute rates)
+RECENT_S = 300  # window of the "recent" figures (ACK latency, per-minute rates)
 
 
 def _finite(value: Any) -> Any:
@@ -146,11 +148,7 @@ def _deliveries_part(rows: pa.Table) -> dict:
         grouped = rows.group_by(["topic", "status"]).aggregate([("status", "count")])
         for topic, status, count in zip(*(grouped.column(c).to_pylist() for c in ("topic", "status", "status_count"))):
             per_topic.setdefault(topic, {})[status] = count
-    acked = _micros(rows.column("acked_at"))
-    mask = pc.fill_null(pc.greater_equal(acked, int((time.time() - RECENT_S) * 1e6)), False)
-    recent_acked = pc.filter(acked, mask)
-    latency = pc.subtract(recent_acked, pc.filter(_micros(rows.column("routed_at")), mask))
-    return {"per_topic": per_topic, "recent_acked": recent_acked, "recent_latency": latency}
+    return {"per_topic": per_topic}
 
 
 def _trash_part(rows: pa.Table) -> dict:
@@ -183,7 +181,7 @@ class DeltaTables:
         self._derived: dict[str, tuple[int, dict]] = {}  # name -> (version, what was derived from it)
         self._files = {
             "messages": PerFile(["topic", "accepted_at"], _messages_part),
-            "deliveries": PerFile(["topic", "status", "routed_at", "acked_at"], _deliveries_part),
+            "deliveries": PerFile(["topic", "status"], _deliveries_part),
             "trash": PerFile(["topic"], _trash_part),
             "metrics": PerFile(list(BATCH_COLUMNS), lambda rows: rows),
         }
@@ -224,15 +222,11 @@ class DeltaTables:
         trash = self._derive("trash", self._trash)
         metrics = self._derive("metrics", self._metrics)
         minute = int((now - 60) * 1e6)
-        recent = int((now - RECENT_S) * 1e6)
         last_minute = sum(pc.sum(pc.greater_equal(a, minute)).as_py() or 0
                           for a in messages.get("recent_accepted", ()))
-        latencies = [pc.filter(latency, pc.greater_equal(acked, recent))
-                     for acked, latency in deliveries.get("recent", ())]
         return {
             "messages": {k: v for k, v in messages.items() if k != "recent_accepted"} | {"last_minute": last_minute},
-            "deliveries": {k: v for k, v in deliveries.items() if k != "recent"} | {
-                "ack_latency_s": _quantiles(latencies), "acked_recent": sum(len(a) for a in latencies)},
+            "deliveries": deliveries,
             "trash": trash,
             "metrics": metrics,
         }
@@ -250,8 +244,7 @@ class DeltaTables:
             for status, n in counts.items():
                 statuses[status] = statuses.get(status, 0) + n
         return {"total": sum(statuses.values()), "pending": statuses.get("pending", 0),
-                "acked": statuses.get("acked", 0), "by_status": statuses, "per_topic": per_topic,
-                "recent": [(p["recent_acked"], p["recent_latency"]) for p in parts if len(p["recent_acked"])]}
+                "acked": statuses.get("acked", 0), "by_status": statuses, "per_topic": per_topic}
 
     def _trash(self, table: DeltaTable) -> dict:
         parts = self._files["trash"].update(table)
@@ -297,16 +290,6 @@ class DeltaTables:
             taken += count or 0
             cutoff = first if cutoff is None else min(cutoff, first)
         return chosen
-
-
-def _quantiles(arrays: list) -> dict:
-    """p50 / p99 / max, in seconds, of microsecond durations (observed values, no interpolation)."""
-    chunks = [c for a in arrays for c in (a.chunks if isinstance(a, pa.ChunkedArray) else [a])]
-    values = pa.chunked_array(chunks, pa.int64())
-    if values.length() - values.null_count == 0:
-        return {"p50": None, "p99": None, "max": None}
-    p50, p99 = pc.quantile(values, q=[0.5, 0.99], interpolation="lower").to_pylist()
-    return {"p50": p50 / 1e6, "p99": p99 / 1e6, "max": pc.max(values).as_py() / 1e6}
 
 
 # --------------------------------------------------------------------------
@@ -391,11 +374,44 @@ def _add(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
     return into
 
 
+def ack_buckets(gateways: list[dict]) -> dict[float, float]:
+    """The cumulative NOTIFY -> ACK histogram of the gateways that answered, merged."""
+    buckets: dict[float, float] = {}
+    for gateway in gateways:
+        if gateway["up"]:
+            _add(buckets, gateway["ack_buckets"])
+    return buckets
+
+
+def latency_quantiles(buckets: dict[float, float]) -> dict:
+    """count / p50 / p99 (seconds) of a cumulative histogram."""
+    return {"count": max(buckets.values(), default=0),
+            "p50": histogram_quantile(0.5, buckets.items()), "p99": histogram_quantile(0.99, buckets.items())}
+
+
+def recent_ack_latency(snapshots: deque, window: float = RECENT_S) -> dict:
+    """NOTIFY -> ACK over the last ``window`` seconds: the gateways' histogram now less the one scraped
+    ``window`` ago (everything they counted, when the dashboard has not watched that long).
+
+    Timed by the gateway from the NOTIFY the client got to its ACK, never from the job's record of the
+    delivery: a gateway NOTIFYs a DELIVERY ALL message before the job routes it (route_early), so that
+    record may come after the ACK.  A count that went down (a gateway restarted, or did not answer)
+    makes the histogram now stand alone.  ``snapshots``: (time, buckets), oldest first; those older
+    than the baseline are dropped."""
+    newest_t, newest = snapshots[-1]
+    while len(snapshots) > 2 and snapshots[1][0] <= newest_t - window:
+        snapshots.popleft()
+    oldest_t, oldest = snapshots[0]
+    baseline = oldest if oldest_t <= newest_t - window else {}
+    recent = {bound: count - baseline.get(bound, 0) for bound, count in newest.items()}
+    if set(baseline) - set(newest) or any(count < 0 for count in recent.values()):
+        recent = dict(newest)
+    return latency_quantiles(recent)
+
+
 def gateway_totals(gateways: list[dict]) -> dict:
     up = [g for g in gateways if g["up"]]
-    buckets: dict[float, float] = {}
-    for gateway in up:
-        _add(buckets, gateway["ack_buckets"])
+    buckets = ack_buckets(gateways)
     count = sum(g["ack_count"] for g in up)
     frames_in: dict[str, float] = {}
     errors: dict[str, float] = {}
@@ -430,6 +446,7 @@ class Dashboard:
         self.status: dict | None = None
         self.scrapes: list[Scrape] = []
         self.history: deque = deque(maxlen=600)  # one point per refresh, for the charts
+        self.ack_snapshots: deque = deque()  # (time, the gateways' ACK histogram) per refresh, RECENT_S of them
         self.server: asyncio.base_events.Server | None = None
         self._lock: asyncio.Lock | None = None
         self._task: asyncio.Task | None = None
@@ -447,6 +464,8 @@ class Dashboard:
             now = time.time()
             gateways = [summarize_gateway(s) for s in scrapes]
             totals = gateway_totals(gateways)
+            self.ack_snapshots.append((now, ack_buckets(gateways)))
+            totals["ack_latency_recent_s"] = recent_ack_latency(self.ack_snapshots)
             point = {"t": now, "pending": tables["deliveries"].get("pending"),
                      "trash": tables["trash"].get("total"), "errors": totals["errors_total"],
                      "published": totals["frames_in"].get("PUBLISH", 0), "in_flight": totals["notify_in_flight"]}
@@ -594,9 +613,9 @@ def render_prometheus(status: dict, scrapes: list[Scrape], refresh_seconds: floa
                else [])
     out.family("smqp_messages_accepted_last_minute", "gauge", "Messages accepted in the last 60 s (messages table).",
                [({}, tables["messages"].get("last_minute"))] if tables["messages"].get("available") else [])
-    latency = tables["deliveries"].get("ack_latency_s", {})
+    latency = status["totals"].get("ack_latency_recent_s", {})
     out.family("smqp_delivery_ack_latency_seconds", "gauge",
-               f"Routed -> acknowledged, over the deliveries acknowledged in the last {RECENT_S} s.",
+               f"NOTIFY written -> the client's ACK (the gateways' own timing), over the last {RECENT_S} s.",
                [({"quantile": q}, latency.get(k)) for q, k in (("0.5", "p50"), ("0.99", "p99"))])
     batches = tables["metrics"].get("batches") or []
     latest: dict[str, dict] = {}
@@ -684,7 +703,7 @@ th.left{text-align:left}
  <div class="tile"><div class="label">ACK latency p50</div><div class="value"><span data-figure="ack-p50">—</span><span class="unit">ms</span></div><div class="sub">p99 <span data-figure="ack-p99">—</span> ms · <span data-figure="ack-count">—</span> ACKs</div></div>
  <div class="tile"><div class="label">Messages</div><div class="value"><span data-figure="messages">—</span></div><div class="sub"><span data-figure="messages-minute">—</span> in the last minute</div></div>
  <div class="tile"><div class="label">Publish rate</div><div class="value"><span data-figure="publish-rate">—</span><span class="unit">/s</span></div><div class="sub"><span data-figure="published">—</span> PUBLISH frames</div></div>
- <div class="tile"><div class="label">Deliver → ACK</div><div class="value"><span data-figure="delivery-p50">—</span><span class="unit">ms</span></div><div class="sub">p99 <span data-figure="delivery-p99">—</span> ms · last 5 min</div></div>
+ <div class="tile"><div class="label">NOTIFY → ACK</div><div class="value"><span data-figure="delivery-p50">—</span><span class="unit">ms</span></div><div class="sub">p99 <span data-figure="delivery-p99">—</span> ms · last 5 min</div></div>
  <div class="tile" id="trash-tile"><div class="label">Trash</div><div class="value"><span data-figure="trash">—</span></div><div class="sub"><span data-figure="trash-growth">—</span> per minute</div></div>
  <div class="tile" id="errors-tile"><div class="label">Errors</div><div class="value"><span data-figure="errors">—</span></div><div class="sub"><span data-figure="error-rate">—</span> per second</div></div>
  <div class="tile"><div class="label">Logins</div><div class="value"><span data-figure="logins">—</span></div><div class="sub"><span data-figure="frames-in">—</span> frames in</div></div>
@@ -784,8 +803,8 @@ function render(s) {
   set("messages-minute", t.messages.available ? t.messages.last_minute : null);
   set("publish-rate", g.publish_per_s, 1);
   set("published", g.up ? (g.frames_in.PUBLISH || 0) : null);
-  set("delivery-p50", ms(t.deliveries.ack_latency_s ? t.deliveries.ack_latency_s.p50 : null));
-  set("delivery-p99", ms(t.deliveries.ack_latency_s ? t.deliveries.ack_latency_s.p99 : null));
+  set("delivery-p50", ms(g.ack_latency_recent_s.p50), 1);
+  set("delivery-p99", ms(g.ack_latency_recent_s.p99), 1);
   set("trash", t.trash.available ? t.trash.total : (t.trash.error ? "error" : "none yet"));
   set("trash-growth", s.trash_growth_per_min, 1);
   set("errors", g.up ? g.errors_total : null);

@@ -7,8 +7,16 @@ processes, waits until the job has routed its first micro-batch (a cold Spark
 takes tens of seconds), prints where everything is, starts the job again if it fails (up to
 :data:`MAX_JOB_RESTARTS` times), and on Ctrl-C stops them in order: the
 dashboard, the gateway (clients get ``NOTIFY SERVER BYE``), then the job (it
-finishes its micro-batch), then Kafka.  The dashboard is an onlooker: if it
-cannot start (its port is taken), the rest keeps running.
+finishes its micro-batch), then Kafka; SIGTERM and SIGHUP (its terminal closed)
+do the same.  The dashboard is an onlooker: if it cannot start (its port is
+taken), the rest keeps running.
+
+The children die with the launcher however it ends: each gets SIGTERM from the
+kernel when it does (``PR_SET_PDEATHSIG``, :mod:`deploy.children`), so a launcher
+killed with SIGKILL leaves no Kafka, job, gateway or dashboard holding its port.
+Output that goes nowhere any more (a pipe whose reader ended) does not keep it
+from stopping them.  A launch whose ports are taken says which process holds
+each and starts nothing.
 
 Everything lives in the data directory and a restart on the same one goes on
 where the last run stopped: Kafka's log (``kafka/``) keeps every command and
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import signal
@@ -31,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from deploy.broker import BrokerError, KafkaBroker, create_topics, free_port, wait_for_port
+from deploy.children import dying_with, taken_ports
 from deploy.jars import JarsUnavailable
 from kafka_edge.offsets import topic_ends
 from schemas.config import DashboardConfig, SMQPConfig, load_config
@@ -40,10 +50,17 @@ from schemas.config import DashboardConfig, SMQPConfig, load_config
 MAX_JOB_RESTARTS = 5
 
 
+def _say(text: str, stream=None) -> None:
+    """Print and flush, unless the output is gone (the reader of its pipe ended): the launcher
+    must still stop its children."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=stream or sys.stdout, flush=True)
+
+
 def _stop(process: subprocess.Popen, name: str, timeout: float = 30.0) -> None:
     if process.poll() is not None:
         return
-    print(f"stopping {name} ...", flush=True)
+    _say(f"stopping {name} ...")
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout)
@@ -92,6 +109,17 @@ def banner_text(config: SMQPConfig, broker: KafkaBroker, dashboard_url: str, gat
         "Press Ctrl-C to stop.\n")
 
 
+def _ports(config: SMQPConfig, broker_port: int, status_port: int) -> dict[str, tuple[str, int]]:
+    """The ports this launch listens on (the dashboard's aside: it is an onlooker)."""
+    gateway = config.gateway
+    ports = {"Kafka broker": ("127.0.0.1", broker_port),
+             "Kafka controller": ("127.0.0.1", config.local_kafka.controller_port),
+             "SMQP gateway": (gateway.host, gateway.port), "gateway status page": (gateway.host, status_port)}
+    if gateway.tls_port:
+        ports["SMQPS gateway"] = (gateway.host, gateway.tls_port)
+    return ports
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="smqp-local",
@@ -120,11 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, request_stop)
 
+    taken = taken_ports(_ports(config, broker_port, status_port))
+    if taken:
+        for line in taken:
+            _say(f"smqp-local: {line}", sys.stderr)
+        _say("smqp-local: not started: stop what holds the port (an earlier smqp-local?) or configure "
+             "another one", sys.stderr)
+        return 1
+    taken = taken_ports({"dashboard": (config.dashboard.host, dashboard_port)})
+    for line in taken:
+        _say(f"smqp-local: {line}: the dashboard will not run", sys.stderr)
+    die_with_me = dying_with(os.getpid())
     broker = KafkaBroker(Path(data_dir, "kafka"), broker_port, settings=config.local_kafka,
-                         controller_port=config.local_kafka.controller_port)
+                         controller_port=config.local_kafka.controller_port, preexec_fn=die_with_me)
     children: list[tuple[str, subprocess.Popen]] = []
     dashboard: subprocess.Popen | None = None
     try:
@@ -143,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.config:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
         start = {name: functools.partial(subprocess.Popen, [sys.executable, "-m", module], env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_me)
                  for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server"))}
         for name, launch in start.items():
             children.append((name, launch()))
@@ -151,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if not config.dashboard.gateways:
             dashboard_env["SMQP_DASHBOARD_GATEWAYS"] = gateway_status
         dashboard = subprocess.Popen([sys.executable, "-m", "deploy.dashboard"], env=dashboard_env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_me)
         wait_for_port(config.gateway.host, config.gateway.port, timeout=90)
         dashboard_url = f"http://{config.dashboard.host}:{dashboard_port}/"
         try:
@@ -188,16 +227,18 @@ def main(argv: list[str] | None = None) -> int:
                 children[index] = (name, start[name]())
             time.sleep(0.2)
         return 0
+    except BrokenPipeError:  # our output's reader is gone (``smqp-local | tee`` and Ctrl-C): stop
+        return 1
     except (TimeoutError, OSError, BrokerError, JarsUnavailable) as error:  # asyncio's timeout is TimeoutError
         print(f"smqp-local: could not start: {error}", file=sys.stderr)
         return 1
     finally:
         if dashboard is not None:
             _stop(dashboard, "dashboard", timeout=10)
-        for name, child in reversed(children):
-            _stop(child, name)
+        for name, child in reversed(children):  # the gateway serves its clients its grace first
+            _stop(child, name, timeout=30 + (config.gateway.shutdown_grace_s if name == "gateway" else 0))
         broker.stop()
-        print("stopped.", flush=True)
+        _say("stopped.")
 
 
 if __name__ == "__main__":

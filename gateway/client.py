@@ -41,7 +41,7 @@ import itertools
 import secrets
 import ssl as ssl_module
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -514,6 +514,25 @@ class _Exchange:
         return reply
 
 
+@dataclass
+class _Farm:
+    """The gateways a client may move to on BYE, and how it logs in (:meth:`SMQPClient.open`)."""
+
+    addresses: list[tuple[str, int]]
+    account: str
+    password: str = field(repr=False)
+    method: str
+    ssl: ssl_module.SSLContext | None
+    timeout: float
+    max_redirects: int
+    current: int = 0  # the index of the gateway connected to
+
+    def after_current(self) -> list[int]:
+        """The other gateways' indexes, the next one first, round the list."""
+        count = len(self.addresses)
+        return [(self.current + step) % count for step in range(1, count)]
+
+
 class SMQPClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._notifications: asyncio.Queue = asyncio.Queue()
@@ -527,6 +546,9 @@ class SMQPClient:
         self.notify_window = 1  # SET NOTIFY WINDOW: NOTIFY MESSAGEs that may await our ACK at once
         self._main = _Channel(self, reader, writer, main=True)
         self.closed = self._main.closed
+        self._farm: _Farm | None = None  # where to go when the gateway says BYE (``open(farm=…)``)
+        self._moving: asyncio.Task | None = None
+        self._retired: set[_Channel] = set()  # connections to gateways we moved away from, until they close
 
     # -- connecting
 
@@ -546,9 +568,26 @@ class SMQPClient:
     @classmethod
     async def open(cls, host: str, port: int, account: str = "guest", password: str = "", *,
                    timeout: float = 10.0, max_redirects: int = 5,
-                   ssl: ssl_module.SSLContext | None = None, method: str = "CLEAR") -> SMQPClient:
+                   ssl: ssl_module.SSLContext | None = None, method: str = "CLEAR",
+                   farm: Sequence[tuple[str, int]] = ()) -> SMQPClient:
         """Connect and log in (``method`` as for :meth:`login`), following up to
-        ``max_redirects`` 311 redirects (4.1.1)."""
+        ``max_redirects`` 311 redirects (4.1.1).
+
+        ``farm``: the addresses of the other gateways of the farm.  When the gateway says NOTIFY
+        SERVER BYE (a planned shutdown: it still serves us for its timeout), the client logs in
+        at the next of them that answers and carries on there (:meth:`_move_on`); the BYE itself
+        is still handed over by :meth:`next_notification`.  Subscriptions belong to the account,
+        so they follow; what the session set (a notify window, SET NOTIFY SUSPEND or PORT) is set
+        again only for the window.  Without ``farm`` a BYE is followed by the close, as before."""
+        client = await cls._open(host, port, account, password, timeout, max_redirects, ssl, method)
+        if farm:
+            addresses = [(host, port)] + [tuple(a) for a in farm if tuple(a) != (host, port)]
+            client._farm = _Farm(addresses, account, password, method, ssl, timeout, max_redirects)
+        return client
+
+    @classmethod
+    async def _open(cls, host: str, port: int, account: str, password: str, timeout: float, max_redirects: int,
+                    ssl: ssl_module.SSLContext | None, method: str) -> SMQPClient:
         for _ in range(max_redirects + 1):
             client = await cls.connect(host, port, timeout, ssl=ssl)
             try:
@@ -580,9 +619,17 @@ class SMQPClient:
             self._greeted.set_result(text)
 
     def _notified(self, note: Notification) -> None:
+        if note._channel in self._retired:
+            return  # the gateway we left: the one we moved to notifies what is still pending
         self._notifications.put_nowait(note)
+        if (self._farm is not None and note._channel is self._main and note.resource == "SERVER"
+                and note.action == "BYE" and (self._moving is None or self._moving.done())):
+            self._moving = asyncio.create_task(self._move_on())
 
     def _channel_closed(self, channel: _Channel) -> None:
+        self._retired.discard(channel)
+        if channel is self._main and self._moving is not None and not self._moving.done():
+            return  # the gateway that said BYE closed before we moved: _move_on reports how it went
         if channel is self._main:
             if not self._greeted.done():
                 self._greeted.set_exception(channel.error or ConnectionError("connection closed before greeting"))
@@ -593,6 +640,44 @@ class SMQPClient:
 
     def _accept_notify(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._notify_channels.add(_Channel(self, reader, writer, main=False))
+
+    async def _move_on(self) -> None:
+        """Log in at the next gateway of the farm that answers, then send every later command
+        there; the gateway left keeps the connection until it closes it (an ACK of a NOTIFY it
+        sent still goes there), but nothing more it notifies is handed over.  If none answers,
+        the client ends as after any close."""
+        farm, leaving = self._farm, self._main
+        for index in farm.after_current():
+            host, port = farm.addresses[index]
+            try:
+                fresh = await self._open(host, port, farm.account, farm.password, farm.timeout,
+                                         farm.max_redirects, farm.ssl, farm.method)
+            except (OSError, asyncio.TimeoutError, SMQPError, cp.ServerProtocolError):
+                continue
+            farm.current = index
+            self._adopt(fresh)
+            self._retired.add(leaving)
+            if leaving.closed.is_set():
+                self._retired.discard(leaving)
+            if self.notify_window > 1:
+                with contextlib.suppress(SMQPError, ConnectionError):
+                    await self.set_notify_window(self.notify_window)
+            return
+        self._moving = None  # nowhere to go: the close of the gateway we are on ends the client
+        if leaving.closed.is_set():
+            self._channel_closed(leaving)
+
+    def _adopt(self, fresh: SMQPClient) -> None:
+        """Make ``fresh``'s logged-in connection this client's own, with what it was notified."""
+        channel = fresh._main
+        channel.client = self
+        self._main, self.closed = channel, channel.closed
+        self.greeting, self.login_attributes, self.account = fresh.greeting, fresh.login_attributes, fresh.account
+        while not fresh._notifications.empty():
+            note = fresh._notifications.get_nowait()
+            if note is not _CLOSED:
+                note._client = self
+                self._notifications.put_nowait(note)
 
     # -- requests
 
@@ -941,6 +1026,10 @@ class SMQPClient:
     # -- closing
 
     async def close(self) -> None:
+        if self._moving is not None and not self._moving.done():
+            self._moving.cancel()
+        for channel in list(self._retired):
+            await channel.close()
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()

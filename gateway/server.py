@@ -34,6 +34,7 @@ import functools
 import gc
 import itertools
 import logging
+import math
 import secrets
 import signal
 import ssl
@@ -41,7 +42,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from gateway.accounts import DEFAULT_ITERATIONS, Accounts, hash_password, new_salt, stored_hash
 from gateway.book import DeliveryBook, NotifyQueue
@@ -72,9 +73,10 @@ from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Rep
 from gateway.ual import AccessList
 from kafka_edge import Cluster, DurableLog, Tail
 from schemas.config import GatewayConfig, SMQPConfig, load_config
-from schemas.events import (Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, Presence, Subscribe, Sync,
-                            decode)
+from schemas.events import (Ack, Acked, AckedBatch, Deliver, Nack, NodeReset, PlannedShutdown, Presence, Subscribe,
+                            Sync, decode)
 from schemas.queue_params import TopicSettings
+from schemas.timefmt import format_timeout, parse_timeout
 
 log = logging.getLogger("smqp.gateway")
 
@@ -758,6 +760,10 @@ class Gateway:
         # per account logged in nowhere, the smuids this gateway NACKed away from it: once each
         self.handed_on: dict[str, set[int]] = defaultdict(set)  # (an account's entry goes once empty)
         self.stopping = False
+        # a planned shutdown was asked for (SIGTERM, ``gateway.admin bye``): :func:`serve` closes
+        # with ``shutdown_grace_s``
+        self.shutdown_asked = asyncio.Event()
+        self.shutdown_grace_s = 0.0
         self.connections: set[Connection] = set()
         self.kafka: Cluster | None = None
         self.log: DurableLog | None = None
@@ -898,7 +904,7 @@ class Gateway:
                 self._after_fold(offset, self._route_early, offset, event)
                 continue
             changes = self.registry.apply(event, offset)
-            self._after_fold(offset, self._on_folded, event, changes if live else [])
+            self._after_fold(offset, self._on_folded, event, changes, live)
         applied = self.registry.applied
         waiting = []
         for offset, future in self._fold_waiters:
@@ -909,10 +915,14 @@ class Gateway:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
 
-    def _on_folded(self, event, changes: list) -> None:
-        """What a folded control event sets off here: NOTIFY TOPIC / SUB, presence, hand-ons."""
-        for change in changes:
-            self._announce(change)
+    def _on_folded(self, event, changes: list, live: bool) -> None:
+        """What a folded control event sets off here: NOTIFY TOPIC / SUB and a planned shutdown
+        (``live``: not while replaying), presence, hand-ons."""
+        if live:
+            for change in changes:
+                self._announce(change)
+            if isinstance(event, PlannedShutdown) and event.node == self.config.gateway.node_id:
+                self._admin_bye(event)
         for moved in self.presence.apply(event):
             self._presence_changed(moved)
         if isinstance(event, Subscribe) and self.sessions.get(event.account):
@@ -1128,8 +1138,51 @@ class Gateway:
                 del self.sessions[account]
                 self._announce_presence(account)
 
-    async def close(self) -> None:
-        """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients."""
+    def plan_shutdown(self, grace_s: float) -> None:
+        """Ask :func:`serve` to stop with :meth:`close` (``grace_s``).  A later ask can only shorten
+        the grace, even one under way: Ctrl-C during a SIGTERM's grace closes at once."""
+        if self.shutdown_asked.is_set():
+            grace_s = min(grace_s, self.shutdown_grace_s)
+        self.shutdown_grace_s = grace_s
+        self.shutdown_asked.set()
+
+    def _admin_bye(self, event: PlannedShutdown) -> None:
+        """``python -m gateway.admin bye`` named this gateway."""
+        try:
+            grace = parse_timeout(event.grace)
+        except ValueError:
+            grace = None
+        if grace is None:
+            log.warning("planned shutdown %s has no usable grace %r: ignored", event.request, event.grace)
+            return
+        log.info("planned shutdown %s: NOTIFY SERVER BYE %s, then closing", event.request, event.grace)
+        self.plan_shutdown(grace.total_seconds())
+
+    async def _bye_ahead(self, grace_s: float) -> None:
+        """NOTIFY SERVER BYE <grace> (4.1.11.4.2) to every client, then serve those connected until
+        the grace ends or they have all left.  No new connection is taken meanwhile (the listeners
+        close first): a client moving to another gateway of the farm must not land here again."""
+        for server in (self.server, self.tls_server):
+            if server:
+                server.close()
+        timeout = format_timeout(timedelta(seconds=math.ceil(grace_s)))
+        frame = f"NOTIFY SERVER BYE {timeout}\r\n\r\n".encode("ascii")
+        for connection in list(self.connections):
+            if not connection.closing:
+                connection.send(frame)
+        started = time.monotonic()
+        while self.connections and time.monotonic() - started < min(grace_s, self._current_grace()):
+            await asyncio.sleep(0.05)
+
+    def _current_grace(self) -> float:
+        """The grace as a later :meth:`plan_shutdown` may have shortened it."""
+        return self.shutdown_grace_s if self.shutdown_asked.is_set() else float("inf")
+
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Stop accepting, say NOTIFY SERVER BYE to every client, then close the Kafka clients.
+        With ``grace_s`` (a planned shutdown), :meth:`_bye_ahead` first."""
+        if grace_s > 0:
+            await self._bye_ahead(grace_s)
         for server in (self.server, self.tls_server):
             if server:
                 server.close()
@@ -1172,7 +1225,9 @@ class Gateway:
 
 
 async def serve(config: SMQPConfig, ready: asyncio.Event | None = None) -> None:
-    """Run a gateway until SIGINT/SIGTERM."""
+    """Run a gateway until SIGINT (closes at once), SIGTERM (closes after ``[gateway]
+    shutdown_grace_s``) or ``python -m gateway.admin bye`` naming its node (closes after the grace
+    it names): :meth:`Gateway.plan_shutdown`."""
     gateway = Gateway(config)
     await gateway.start()
     host, port = gateway.address
@@ -1181,14 +1236,13 @@ async def serve(config: SMQPConfig, ready: asyncio.Event | None = None) -> None:
         print("SMQPS (TLS) on {}:{}".format(*gateway.tls_address), flush=True)
     if gateway.status_address:
         print("status page on http://%s:%s/metrics" % gateway.status_address, flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGINT, gateway.plan_shutdown, 0.0)  # Ctrl-C: at once
+    loop.add_signal_handler(signal.SIGTERM, gateway.plan_shutdown, config.gateway.shutdown_grace_s)
     if ready:
         ready.set()
-    await stop.wait()
-    await gateway.close()
+    await gateway.shutdown_asked.wait()
+    await gateway.close(gateway.shutdown_grace_s)
 
 
 def main(argv: list[str] | None = None) -> None:

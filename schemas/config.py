@@ -102,6 +102,10 @@ class GatewayConfig:
     # routing it by the same rule the job applies, instead of waiting for the job's micro-batch; the job
     # still records every delivery.  Takes effect with one commands partition only.
     route_early: bool = True
+    # SIGTERM (a planned stop) tells clients NOTIFY SERVER BYE <this>, takes no new connection, serves
+    # those it has this long (or until they left), then closes; 0 = BYE and close at once.  SIGINT
+    # closes at once; ``python -m gateway.admin bye`` names its own grace
+    shutdown_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.notify_hosts, str):  # SMQP_GATEWAY_NOTIFY_HOSTS=host,host
@@ -111,6 +115,8 @@ class GatewayConfig:
             object.__setattr__(self, "notify_hosts", tuple(self.notify_hosts))
         if self.login_throttle_s < 0:
             raise ValueError(f"[gateway] login_throttle_s must not be negative, not {self.login_throttle_s}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"[gateway] shutdown_grace_s must not be negative, not {self.shutdown_grace_s}")
         if self.max_notify_window < 1:
             raise ValueError(f"[gateway] max_notify_window must be at least 1, not {self.max_notify_window}")
 

@@ -357,6 +357,18 @@ class NodeReset(_Event):
 
 
 @dataclass
+class PlannedShutdown(_Event):
+    """The administrator stops gateway ``node`` (``python -m gateway.admin bye``): it tells its
+    clients ``NOTIFY SERVER BYE <grace>``, serves them that long, then closes.  No ``accepted_at``:
+    the job ignores it, as it does presence."""
+
+    TYPE: ClassVar[str] = "planned_shutdown"
+    request: str
+    node: int
+    grace: str  # a timeout, as the Timeout attribute: dd:hh:mm:ss[:ff] or hh:mm:ss
+
+
+@dataclass
 class Tick(_Event):
     """The streaming job's clock (commands partition 0, every ``streaming.tick_interval_s``).
 
@@ -449,13 +461,14 @@ class Progress(_Event):
 EVENT_TYPES: dict[str, type[_Event]] = {
     cls.TYPE: cls for cls in (Publish, Subscribe, Unsubscribe, Ack, Nack, CreateTopic, RemoveTopic, RenameTopic,
                               SetTopicKeywords, SetTopicDelivery, SetLogin, Watch, Unwatch, SetServerTimeout, Sync,
-                              Presence, NodeReset, Tick, Deliver, Acked, AckedBatch, Progress)
+                              Presence, NodeReset, PlannedShutdown, Tick, Deliver, Acked, AckedBatch, Progress)
 }
 
 #: Events the gateways fold (registry and presence); they travel on commands partition 0.
 CONTROL_TYPES = frozenset({Subscribe, Unsubscribe, CreateTopic, RemoveTopic, RenameTopic, SetTopicKeywords,
                            SetTopicDelivery,
-                           SetLogin, Watch, Unwatch, SetServerTimeout, Sync, Presence, NodeReset})
+                           SetLogin, Watch, Unwatch, SetServerTimeout, Sync, Presence, NodeReset,
+                           PlannedShutdown})
 
 
 def decode(raw: bytes | str) -> _Event:

@@ -166,12 +166,15 @@ def test_dashboard_in_chromium_shows_the_tables_figures(broker, spark, tmp_path)
     config = replace(config, dashboard=DashboardConfig(
         port=free_port(), gateways=(f"http://127.0.0.1:{status_port}/metrics",), refresh_s=1.0))
     screenshot = tmp_path / "dash.png"
+    session: dict[str, float] = {}  # the scenario's wall time: no latency it measured can exceed it
 
     with GatewayThread(config) as gateway:
         router = Router(spark, config).start()
         try:
             async def scenario() -> tuple[str, str]:
+                started = time.time()
                 bob, before_ack = await drive(config, gateway.address)
+                session["wall_s"] = time.time() - started
                 try:
                     await asyncio.to_thread(wait_for, lambda: sum(
                         d["status"] == "acked" for d in table(config, "deliveries")) == 4
@@ -247,6 +250,25 @@ def test_dashboard_in_chromium_shows_the_tables_figures(broker, spark, tmp_path)
     assert figures["ack-count"] == "4"
     assert figures["errors"] == "1"
     assert page.rows[("code", "404")]["count"] == "1"
+    assert figures["connections"] == figures["logins"] == "1"  # bob, still holding his fifth NOTIFY
+    assert figures["pending"] == shown(number(figures["pending"]))  # (a number, not "—")
+    assert 0 <= number(figures["messages-minute"]) <= 8
+    # bob's deliveries not yet acknowledged: one in flight, the rest queued behind it (carol's wait offline)
+    assert number(figures["in-flight"]) + number(figures["queued"]) == 4
+    assert number(figures["frames-in"]) >= 8 + 4  # at least the PUBs and the ACKs
+    if latest["add_batch_ms"] is not None:
+        assert figures["add-batch"] == shown(latest["add_batch_ms"])
+    for rate in ("publish-rate", "error-rate", "trash-growth"):  # "—" until two refreshes
+        assert figures[rate] == "—" or number(figures[rate]) >= 0, (rate, figures[rate])
+
+    # every latency shown: measured from the NOTIFY bob got to his ACK, so never negative, and
+    # never longer than the session that made it (the gateway routes early: the job's Deliver
+    # record of a message may come after its ACK)
+    wall_ms = session["wall_s"] * 1000
+    for name in ("ack-p50", "ack-p99", "delivery-p50", "delivery-p99"):
+        assert figures[name] != "—", f"{name} not shown"
+        assert 0 <= number(page.values[name]) <= wall_ms, f"{name} = {figures[name]} ms (session {wall_ms:.0f} ms)"
+    assert number(page.values["delivery-p50"]) <= number(page.values["delivery-p99"])
 
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.events import (EVENT_TYPES, Ack, Acked, AckedBatch, CreateTopic, Deliver, Nack, NodeReset, Presence,
-                            Progress, Publish, Section, SetServerTimeout, SetTopicKeywords, Subscribe, Sync, Tick,
+from schemas.events import (EVENT_TYPES, Ack, Acked, AckedBatch, CreateTopic, Deliver, Nack, NodeReset,
+                            PlannedShutdown, Presence, Progress, Publish, Section, SetServerTimeout, SetTopicKeywords, Subscribe, Sync, Tick,
                             Unsubscribe, decode, decode_all)
 
 
@@ -56,6 +56,7 @@ EXAMPLES = [
     Presence(3, "bob", True),
     Presence(3, "bob", False),
     NodeReset(0),
+    PlannedShutdown("r8", 3, "00:05:00"),
     Tick(2 ** 70),
     Acked("bob", 7, "expired"),
     AckedBatch([{"type": "acked", "account": "bob", "smuid": 7}, {"type": "acked", "account": "j\u00e9", "smuid": 8,
