@@ -516,6 +516,8 @@ class Connection:
         window = self.session.notify_window
         skip = (lambda d: self.session.suspended(d.topic)) if self.session.suspends else None
         while len(self.in_flight) - self.acking < window and (deliver := self.queue.pop(skip)) is not None:
+            if _dead(deliver):  # expired while it waited: dropped, never sent
+                continue
             frame = self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid))
             if type(frame) is not _Notice:  # rendered just now
                 frame = _Notice(frame)
@@ -558,6 +560,10 @@ class Connection:
         the job to withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
         deliver = entry.deliver
         if self.closing or self.in_flight.get(deliver.smuid) is not entry or entry.acking:
+            return
+        if _dead(deliver):  # expired since it was sent: never sent again, and it no longer holds the window
+            self._abandon(entry)
+            self.send_next()
             return
         entry.retries += 1
         self.gateway.nack(self.session.account, self.session.guid, deliver)
@@ -640,6 +646,12 @@ class NotifyChannel:
         finally:
             self.writer.close()
             connection.channel_lost(self)
+
+
+def _dead(deliver: Deliver) -> bool:
+    """Whether ``deliver``'s message has expired by now (this gateway's clock): it is never NOTIFYed
+    from then on, nor sent again, whether or not the job has yet said so (its ``Acked`` expired)."""
+    return deliver.expires_at is not None and deliver.expired(time.time_ns() // 1000)
 
 
 def _unavailable() -> bytes:
@@ -921,7 +933,8 @@ class Gateway:
         for account in self.registry.recipients(publish.topic, publish.accepted_at):
             deliver = self.book.speculate(Deliver(
                 account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
-                publish.accepted_at, publish.priority, publish.headers, publish.sections))
+                publish.accepted_at, publish.priority, publish.headers, publish.sections,
+                expires_at=publish.expires_at))
             if deliver is not None:
                 self.metrics.routed_early.inc()
                 self._offer(deliver)
