@@ -253,7 +253,7 @@ class Connection:
 
     async def _read_messages(self, action: ReadMessages) -> list:
         read = self.gateway.messages.smuids if action.smuids_only else self.gateway.messages.messages
-        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t)])
+        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t, action.now)])
         return action.render(found)
 
     async def _connect_notify(self, action: ConnectNotify) -> list:
