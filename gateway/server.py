@@ -94,6 +94,8 @@ RENDERED_MEMORY = 4096  # NOTIFY frames kept for the other logins the same messa
 #: of ~80 ms each, which also stall every connection.  Collecting the young generation every 10,000
 #: allocations instead of 700 lets most of them die first; full collections still come, ~14x rarer.
 GC_THRESHOLDS = (10_000, 10, 10)
+#: The longest a gateway's UNTIL timer waits before it looks at the next UNTIL again (seconds).
+UNTIL_RECHECK_S = 3600.0
 
 
 class Connection:
@@ -736,6 +738,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        # wakes at the earliest UNTIL of a subscription still on (:meth:`_arm_until`), and when
+        self._until_timer: asyncio.TimerHandle | None = None
+        self._until_due: int | None = None
         # the NOTIFY frames of the latest messages sent, by SMUID: a message fanned out to many
         # logins is rendered once (the frame does not depend on the account)
         self.rendered: dict[int, bytes] = {}
@@ -873,6 +878,7 @@ class Gateway:
             else:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
+        self._arm_until()
 
     async def folded(self, offset: int) -> None:
         """Wait until the registry has folded partition 0 up to ``offset``."""
@@ -892,6 +898,28 @@ class Gateway:
         seen every control event any gateway had appended before."""
         metadata = await self.log.append(b"", Sync(uuid.uuid4().hex).to_bytes(), partition=0)
         await self.folded(metadata.offset)
+
+    def _arm_until(self) -> None:
+        """Wake when the next subscription's UNTIL passes (spec 4.1.9.1); the registry decides, from
+        its fold and this gateway's clock, what ends then (:meth:`Registry.end_subscriptions`: every
+        gateway of the farm ends it at the same UNTIL by its own clock, no event is appended).  A far
+        UNTIL is looked at again every :data:`UNTIL_RECHECK_S`, so a timer never waits for days."""
+        until = self.registry.next_until()
+        if until == self._until_due:
+            return
+        if self._until_timer is not None:
+            self._until_timer.cancel()
+        self._until_timer, self._until_due = None, until
+        if until is not None:
+            delay = min(max(0.0, (until - time.time_ns() // 1000) / 1e6), UNTIL_RECHECK_S)
+            self._until_timer = asyncio.get_running_loop().call_later(delay, self._until_passed)
+
+    def _until_passed(self) -> None:
+        """End the subscriptions whose UNTIL passed; their topics' watchers get NOTIFY SUBSCRIBERS."""
+        self._until_timer, self._until_due = None, None
+        for change in self.registry.end_subscriptions(time.time_ns() // 1000):
+            self._announce(change)
+        self._arm_until()
 
     def _announce(self, change) -> None:
         if isinstance(change, TopicChanged):
