@@ -8,10 +8,13 @@ it alone must decide from the message's ``expires_at`` that it is dead, without 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+from kafka import KafkaProducer
 
 from gateway.client import SMQPClient
+from schemas.events import Deliver
 from tests.e2e.stack import GatewayThread, create_smqp_topics, hashed, stack_config
 
 pytestmark = pytest.mark.e2e
@@ -68,3 +71,34 @@ def test_a_notify_left_unacknowledged_is_not_sent_again_once_its_message_expired
                 await note.ack()
 
         asyncio.run(scenario())
+
+
+def test_a_delivery_the_job_routed_is_not_notified_once_its_message_expired(broker, tmp_path):
+    """The job's ``Deliver`` says when its message expires: one that expired while its subscriber
+    was offline is dropped at login, with no ``Acked`` (expired) from the job; one of a state
+    message is notified.  The job's records are written here, as the job writes them."""
+    config = stack_config(broker, tmp_path, hashed(bob="b"))
+    now = time.time_ns() // 1000
+    doomed = Deliver("bob", 101, TOPIC, "c101", "ann", "g", now, expires_at=now + 1_000_000)
+    kept = Deliver("bob", 102, TOPIC, "c102", "ann", "g", now)
+    producer = KafkaProducer(bootstrap_servers=config.kafka.bootstrap, acks="all")
+    try:
+        with GatewayThread(config) as gateway:
+            address = gateway.address
+
+            async def scenario() -> None:
+                await create_smqp_topics(address, TOPIC)
+                for deliver in (doomed, kept):
+                    producer.send(config.kafka.deliveries_topic, key=b"bob", value=deliver.to_bytes()).get(30)
+                await asyncio.sleep(2)  # doomed expires while bob is offline
+                async with await SMQPClient.open(*address, "bob", "b") as bob:
+                    note = await bob.next_notification(10)
+                    assert note.smuid == kept.smuid, "notified the expired delivery"
+                    await note.ack()
+                    with pytest.raises(asyncio.TimeoutError):
+                        extra = await bob.next_notification(1.5)
+                        pytest.fail(f"notified {extra.smuid}")
+
+            asyncio.run(scenario())
+    finally:
+        producer.close()
