@@ -738,7 +738,7 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
-        # wakes at the earliest UNTIL of a subscription still on (:meth:`_arm_until`), and when
+        # the timer that wakes at the earliest UNTIL of a subscription still on (:meth:`_arm_until`), and that UNTIL
         self._until_timer: asyncio.TimerHandle | None = None
         self._until_due: int | None = None
         # the NOTIFY frames of the latest messages sent, by SMUID: a message fanned out to many

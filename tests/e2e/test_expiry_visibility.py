@@ -15,7 +15,7 @@ import pytest
 
 from gateway.client import SMQPClient, SMQPError
 from tests.e2e.stack import GatewayThread, create_smqp_topics, hashed, stack_config
-from tests.unit.test_message_store import append, row, trash, trash_row
+from tests.unit.test_message_store import append, trash, trash_row
 from tests.unit.test_message_store_live import expiring
 
 pytestmark = pytest.mark.e2e
