@@ -55,3 +55,25 @@ def test_a_subscription_ends_when_its_until_passes(broker, tmp_path):
                     pytest.fail(f"an ended subscription received {extra.smuid}")
 
         asyncio.run(scenario())
+
+
+def test_every_gateway_of_a_farm_ends_the_subscription_at_its_until(broker, tmp_path):
+    """Bob subscribes through one gateway; carol watches through the other, which ends the
+    subscription by its own clock from the SUBSCRIBE it folded: no gateway has to tell it."""
+    from tests.e2e.test_protocol_surface import second_gateway
+
+    config = stack_config(broker, tmp_path, hashed(bob="b", carol="c"))
+    with GatewayThread(config) as one, GatewayThread(second_gateway(config)) as two:
+
+        async def scenario() -> None:
+            await create_smqp_topics(one.address, TOPIC)
+            async with await SMQPClient.open(*two.address, "carol", "c") as carol, \
+                    await SMQPClient.open(*one.address, "bob", "b") as bob:
+                await carol.subscribe_subscribers(TOPIC)
+                await bob.subscribe(TOPIC, until=datetime.now(timezone.utc) + timedelta(seconds=2))
+                assert await next_subscribers(carol, 10) == (TOPIC, 1)
+                assert await next_subscribers(carol, 10) == (TOPIC, 0)
+                assert await carol.count_subscribers(TOPIC) == 0
+                assert await bob.list_subscriptions() == []
+
+        asyncio.run(scenario())
