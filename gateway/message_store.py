@@ -20,6 +20,14 @@ table: the messages that died unacknowledged, with why (``reason``) and
 when (``trashed_at``).  :meth:`MessageStore.messages` reads it for a Trash
 path; it holds the message's body but not its publisher GUID, priority or
 acceptance time, which come from the message's ``messages`` row.
+
+Read at a moment ``now`` (spec 2.4: subscribers must not even know an expired
+message existed), a topic holds its *live* messages only: those whose
+``expires_at`` is unset (a state message) or after ``now``, and that are not
+in the topic's Trash.  The job's clock decides when a message reaches the
+Trash; the reader's decides when it leaves the topic, so an expired message
+disappears from COUNT / LIST / GET MESSAGE the moment it expires, even while
+the job is behind or stopped.
 """
 
 from __future__ import annotations
@@ -114,6 +122,14 @@ def _stored(row: dict, topic: str, origin: dict) -> StoredMessage:
     )
 
 
+def _live(rows: pa.Table, now: int, trashed: pa.Array) -> pa.ChunkedArray:
+    """Per ``messages`` row: live at ``now`` (µs) — no expiry (a state message) or one after ``now``,
+    and not among the ``trashed`` SMUIDs (spec 2.4; the job's rule is ``expires_at <= now``: dead)."""
+    expires = _micros(rows.column("expires_at"))
+    unexpired = pc.or_kleene(pc.is_null(expires), pc.greater(expires, pa.scalar(now, pa.int64())))
+    return pc.and_(pc.fill_null(unexpired, False), pc.invert(pc.is_in(rows.column("smuid"), value_set=trashed)))
+
+
 def _unique(rows: pa.Table) -> list[dict]:
     """The rows by ascending SMUID, one per SMUID (the sink writes each once; never show one twice)."""
     out: list[dict] = []
@@ -152,32 +168,56 @@ class MessageStore:
             table.update_incremental()
         return table
 
-    def messages(self, topic: str) -> list[StoredMessage]:
-        """Every committed message of canonical ``topic`` (exact match), by ascending SMUID;
-        for a Trash path (``<topic>/Trash``, :func:`schemas.topics.trash_topic`) the
-        messages in that topic's Trash instead."""
+    def messages(self, topic: str, now: int | None = None) -> list[StoredMessage]:
+        """Every committed message of canonical ``topic`` (exact match), by ascending SMUID, only
+        those live at ``now`` (microseconds; None: the whole history, dead ones included); for a
+        Trash path (``<topic>/Trash``, :func:`schemas.topics.trash_topic`) the messages in that
+        topic's Trash instead."""
         owner = trash_of(topic)
         if owner is not None:
             return self.trashed(owner)
+        rows = self._topic_rows(topic, COLUMNS, now)
+        if rows is None:
+            return []
+        return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
+
+    def smuids(self, topic: str, now: int | None = None) -> list[int]:
+        """The SMUIDs of what :meth:`messages` reads for ``topic`` at ``now``, ascending, once each:
+        what ``COUNT MESSAGE`` counts, read from one column (and ``expires_at``).  (Decoding every
+        message to count them took two thirds of a gateway's CPU while a client counted a topic of
+        40,000 now and then.)"""
+        owner = trash_of(topic)
+        if owner is None:
+            rows = self._topic_rows(topic, ["smuid"], now)
+        else:
+            with self._lock:
+                table = self._current(self.trash_path)
+                rows = None if table is None else table.to_pyarrow_table(
+                    columns=["smuid"], filters=[("topic", "=", owner)])
+        if rows is None:
+            return []
+        return pc.unique(rows.column("smuid")).sort().to_pylist()
+
+    def _topic_rows(self, topic: str, columns: list[str], now: int | None) -> pa.Table | None:
+        """``columns`` of canonical ``topic``'s ``messages`` rows, those live at ``now`` only (None:
+        all); None while the job has not created the table."""
         with self._lock:
             table = self._current(self.messages_path)
             if table is None:
-                return []
-            rows = table.to_pyarrow_table(columns=COLUMNS, filters=[("topic", "=", topic)])
-        return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
+                return None
+            if now is None:
+                return table.to_pyarrow_table(columns=columns, filters=[("topic", "=", topic)])
+            rows = table.to_pyarrow_table(columns=[*columns, "expires_at"], filters=[("topic", "=", topic)])
+            trashed = self._trashed_smuids(topic)
+        return rows.filter(_live(rows, now, trashed)).drop_columns(["expires_at"])
 
-    def smuids(self, topic: str) -> list[int]:
-        """The SMUIDs of what :meth:`messages` reads for ``topic``, ascending, once each: what
-        ``COUNT MESSAGE`` counts, read from one column.  (Decoding every message to count them
-        took two thirds of a gateway's CPU while a client counted a topic of 40,000 now and then.)"""
-        owner = trash_of(topic)
-        path, topic = (self.messages_path, topic) if owner is None else (self.trash_path, owner)
-        with self._lock:
-            table = self._current(path)
-            if table is None:
-                return []
-            rows = table.to_pyarrow_table(columns=["smuid"], filters=[("topic", "=", topic)])
-        return pc.unique(rows.column("smuid")).sort().to_pylist()
+    def _trashed_smuids(self, topic: str) -> pa.Array:
+        """The SMUIDs in canonical ``topic``'s Trash (call with the lock held)."""
+        trash = self._current(self.trash_path)
+        if trash is None:
+            return pa.array([], pa.int64())
+        rows = trash.to_pyarrow_table(columns=["smuid"], filters=[("topic", "=", topic)])
+        return rows.column("smuid").combine_chunks()
 
     def trashed(self, topic: str) -> list[StoredMessage]:
         """The messages in canonical ``topic``'s Trash, by ascending SMUID, with why and when.

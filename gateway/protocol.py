@@ -173,11 +173,14 @@ class Consult:
 @dataclass(frozen=True)
 class ReadMessages:
     """Load the stored messages of ``topics`` (off the event loop), then carry out
-    ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count)."""
+    ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count).
+    ``now`` (microseconds, the session's clock): only the messages live then, neither expired nor
+    trashed (spec 2.4); a Trash path reads the dead ones whatever it says; None: every message."""
 
     topics: tuple[str, ...]
     render: Callable[[list], "list[Action]"]
     smuids_only: bool = False
+    now: int | None = None
 
 
 @dataclass(frozen=True)
@@ -1440,7 +1443,7 @@ class Session:
             if trash_of(pattern) is not None:
                 if not self._messages_readable(pattern):
                     return None
-                return [ReadMessages((pattern,), counted, smuids_only=True)]
+                return [ReadMessages((pattern,), counted, smuids_only=True, now=self._now())]
             if not self._exists(pattern) or not self._own_or_public(pattern) or not self._may("subscribe", pattern):
                 return None
             if resource in _TOPIC:
@@ -1450,7 +1453,7 @@ class Session:
                 count = registry.subscribers_in_scope(pattern)
             else:
                 topics = registry.matching(pattern) if pattern.endswith("/*") else [pattern]
-                return [ReadMessages(tuple(topics), counted, smuids_only=True)]
+                return [ReadMessages(tuple(topics), counted, smuids_only=True, now=self._now())]
             return self._reply(Reply.ok(str(count)))
         return self._consult(decide, pattern)
 
@@ -1477,7 +1480,7 @@ class Session:
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages((topic,), self._render_list)]
+            return [ReadMessages((topic,), self._render_list, now=self._now())]
         return self._consult(decide, topic)
 
     def _topic_lines(self, paths: list[str]) -> list[str]:
@@ -1539,7 +1542,7 @@ class Session:
         def decide() -> list[Action] | None:
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages((topic,), render)]
+            return [ReadMessages((topic,), render, now=self._now())]
         return self._consult(decide, topic)
 
     # CREATE, REMOVE, SET: control

@@ -18,6 +18,7 @@ can send NOTIFY TOPIC / SUBSCRIBERS / SERVER TIMEOUT to its watchers.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Union
 
@@ -105,6 +106,9 @@ class Registry:
     applied: int = -1  # the last partition-0 offset folded
     # pattern -> the accounts subscribed to it: the index :meth:`recipients` looks candidates up in
     _by_pattern: dict[str, set[str]] = field(default_factory=dict)
+    # (until, account, pattern) of each SUBSCRIBE with an UNTIL, earliest first: :meth:`end_subscriptions`'
+    # agenda (an entry a later SUBSCRIBE or UNSUBSCRIBE overtook is skipped when it comes up)
+    _untils: list[tuple[int, str, str]] = field(default_factory=list)
     _expected: set[str] = field(default_factory=set)
     _outcomes: dict[str, Reply] = field(default_factory=dict)
 
@@ -228,6 +232,8 @@ class Registry:
         self.subscriptions.setdefault(event.account, {})[event.pattern] = Subscription(
             event.pattern, event.since, event.until)
         self._by_pattern.setdefault(event.pattern, set()).add(event.account)
+        if event.until is not None:
+            heapq.heappush(self._untils, (event.until, event.account, event.pattern))
         pattern = parse_pattern(event.pattern)
         lines = sorted(self.matching(pattern.text)) if pattern.wildcard else [event.pattern]
         return Reply.ok(*lines), self._count_changes(before)
@@ -279,6 +285,47 @@ class Registry:
         SetLogin: _set_login, Subscribe: _subscribe, Unsubscribe: _unsubscribe, Watch: _watch,
         Unwatch: _unwatch, SetServerTimeout: _set_server_timeout, Sync: _sync,
     }
+
+    # -- UNTIL: subscriptions that end by themselves (spec 4.1.9.1)
+
+    def next_until(self) -> int | None:
+        """The earliest UNTIL (µs) of a subscription still on: when :meth:`end_subscriptions` has
+        something to end next (the gateway's timer wakes then); None: no subscription has one."""
+        while self._untils and not self._ends_at(*self._untils[0]):
+            heapq.heappop(self._untils)
+        return self._untils[0][0] if self._untils else None
+
+    def end_subscriptions(self, now: int) -> list[Change]:
+        """End every subscription whose UNTIL is at or before ``now`` (µs); the subscriber counts
+        that drop, for NOTIFY SUBSCRIBERS.
+
+        Why no event in the log: the end is already in it.  Every gateway folds the same SUBSCRIBE
+        with the same UNTIL, so each ends the subscription by its own clock when it passes, and all
+        of them agree, up to their clocks' skew; none waits for another to say so, and no gateway's
+        crash can leave a subscription on for ever.  Routing does not hang on the moment either:
+        the job and the early routing admit a message by its acceptance time against UNTIL
+        (:func:`schemas.topics.admits`), the same at every gateway.  What the clock does decide
+        locally is the outcome of a control event folded meanwhile (an UNSUBSCRIBE of the ended
+        subscription is 404 once it ended here), and only the gateway that appended it answers."""
+        before: dict[str, int] = {}
+        while (until := self.next_until()) is not None and until <= now:
+            _, account, pattern = heapq.heappop(self._untils)
+            for topic, count in self._counts_touched(pattern).items():
+                before.setdefault(topic, count)
+            self._end_subscription(account, pattern)
+        return self._count_changes(before)
+
+    def _ends_at(self, until: int, account: str, pattern: str) -> bool:
+        """``account``'s subscription to ``pattern`` is on and ends at ``until``."""
+        subscription = self.subscriptions.get(account, {}).get(pattern)
+        return subscription is not None and subscription.until == until
+
+    def _end_subscription(self, account: str, pattern: str) -> None:
+        del self.subscriptions[account][pattern]
+        accounts = self._by_pattern.get(pattern, set())
+        accounts.discard(account)
+        if not accounts:
+            self._by_pattern.pop(pattern, None)
 
     # -- subscriber counts
 

@@ -96,6 +96,8 @@ RENDERED_MEMORY = 4096  # NOTIFY frames kept for the other logins the same messa
 #: of ~80 ms each, which also stall every connection.  Collecting the young generation every 10,000
 #: allocations instead of 700 lets most of them die first; full collections still come, ~14x rarer.
 GC_THRESHOLDS = (10_000, 10, 10)
+#: The longest a gateway's UNTIL timer waits before it looks at the next UNTIL again (seconds).
+UNTIL_RECHECK_S = 3600.0
 
 
 class Connection:
@@ -264,7 +266,7 @@ class Connection:
 
     async def _read_messages(self, action: ReadMessages) -> list:
         read = self.gateway.messages.smuids if action.smuids_only else self.gateway.messages.messages
-        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t)])
+        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t, action.now)])
         return action.render(found)
 
     async def _connect_notify(self, action: ConnectNotify) -> list:
@@ -538,7 +540,7 @@ class Connection:
         window = self.session.notify_window
         skip = (lambda d: self.session.suspended(d.topic)) if self.session.suspends else None
         while len(self.in_flight) - self.acking < window and (deliver := self.queue.pop(skip)) is not None:
-            if not self.session.may_read(deliver.topic):
+            if _dead(deliver) or not self.session.may_read(deliver.topic):  # expired, or no longer readable
                 continue
             frame = self.session.notify(deliver, self.gateway.rendered.get(deliver.smuid))
             if type(frame) is not _Notice:  # rendered just now
@@ -582,6 +584,10 @@ class Connection:
         the job to withdraw it into the Trash (an ``Acked`` with reason max_retries)."""
         deliver = entry.deliver
         if self.closing or self.in_flight.get(deliver.smuid) is not entry or entry.acking:
+            return
+        if _dead(deliver):  # expired since it was sent: never sent again, and it no longer holds the window
+            self._abandon(entry)
+            self.send_next()
             return
         entry.retries += 1
         self.gateway.nack(self.session.account, self.session.guid, deliver)
@@ -672,6 +678,12 @@ def _topics_named(change: TopicChanged | SubscribersChanged) -> list[str]:
     if isinstance(change, TopicChanged) and change.action.startswith("RENAME "):
         return [change.topic, change.action[len("RENAME "):]]
     return [change.topic]
+
+
+def _dead(deliver: Deliver) -> bool:
+    """Whether ``deliver``'s message has expired by now (this gateway's clock): it is never NOTIFYed
+    from then on, nor sent again, whether or not the job has yet said so (its ``Acked`` expired)."""
+    return deliver.expires_at is not None and deliver.expired(time.time_ns() // 1000)
 
 
 def _unavailable() -> bytes:
@@ -774,6 +786,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        # the timer that wakes at the earliest UNTIL of a subscription still on (:meth:`_arm_until`), and that UNTIL
+        self._until_timer: asyncio.TimerHandle | None = None
+        self._until_due: int | None = None
         # the NOTIFY frames of the latest messages sent, by SMUID: a message fanned out to many
         # logins is rendered once (the frame does not depend on the account)
         self.rendered: dict[int, bytes] = {}
@@ -914,6 +929,7 @@ class Gateway:
             else:
                 waiting.append((offset, future))
         self._fold_waiters = waiting
+        self._arm_until()
 
     def _on_folded(self, event, changes: list, live: bool) -> None:
         """What a folded control event sets off here: NOTIFY TOPIC / SUB and a planned shutdown
@@ -959,6 +975,28 @@ class Gateway:
         metadata = await self.log.append(b"", Sync(uuid.uuid4().hex).to_bytes(), partition=0)
         await self.folded(metadata.offset)
 
+    def _arm_until(self) -> None:
+        """Wake when the next subscription's UNTIL passes (spec 4.1.9.1); the registry decides, from
+        its fold and this gateway's clock, what ends then (:meth:`Registry.end_subscriptions`: every
+        gateway of the farm ends it at the same UNTIL by its own clock, no event is appended).  A far
+        UNTIL is looked at again every :data:`UNTIL_RECHECK_S`, so a timer never waits for days."""
+        until = self.registry.next_until()
+        if until == self._until_due:
+            return
+        if self._until_timer is not None:
+            self._until_timer.cancel()
+        self._until_timer, self._until_due = None, until
+        if until is not None:
+            delay = min(max(0.0, (until - time.time_ns() // 1000) / 1e6), UNTIL_RECHECK_S)
+            self._until_timer = asyncio.get_running_loop().call_later(delay, self._until_passed)
+
+    def _until_passed(self) -> None:
+        """End the subscriptions whose UNTIL passed; their topics' watchers get NOTIFY SUBSCRIBERS."""
+        self._until_timer, self._until_due = None, None
+        for change in self.registry.end_subscriptions(time.time_ns() // 1000):
+            self._announce(change)
+        self._arm_until()
+
     def _announce(self, change) -> None:
         if isinstance(change, TopicChanged):
             frame, accounts = (render_topic_notify(change.topic, change.action),
@@ -1001,7 +1039,8 @@ class Gateway:
         for account in self.registry.recipients(publish.topic, publish.accepted_at):
             deliver = self.book.speculate(Deliver(
                 account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
-                publish.accepted_at, publish.priority, publish.headers, publish.sections))
+                publish.accepted_at, publish.priority, publish.headers, publish.sections,
+                expires_at=publish.expires_at))
             if deliver is not None:
                 self.metrics.routed_early.inc()
                 self._offer(deliver)

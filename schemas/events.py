@@ -408,6 +408,13 @@ class Deliver(_Event):
     headers: Headers = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
     delivery: str = "all"  # "one": locked to this account until it ACKs; a disconnect NACKs it
+    # when the message dies (microseconds; None: a state message, or a record without it): a gateway
+    # never NOTIFYs it from then on, nor sends it again, without waiting for the job's Acked
+    expires_at: int | None = None
+
+    def expired(self, now: int) -> bool:
+        """Whether the message's expiry time has passed at ``now`` (microseconds)."""
+        return self.expires_at is not None and self.expires_at <= now
 
 
 @dataclass

@@ -1041,7 +1041,7 @@ def deliver_records_sql(deliveries: str) -> str:
          'priority', coalesce(priority, 0),
          'headers', coalesce(headers, CAST(array() AS {HEADERS.simpleString()})),
          'sections', coalesce(sections, CAST(array() AS {ArrayType(SECTION_JSON).simpleString()})),
-         'delivery', coalesce(delivery, 'all'))) AS value,
+         'delivery', coalesce(delivery, 'all'), 'expires_at', expires_at)) AS value,
        seq
 FROM {deliveries}"""
 

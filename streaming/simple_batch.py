@@ -97,7 +97,7 @@ def _deliver_value(account: str, publish: dict) -> str:
                   "cmuid": publish["cmuid"], "publisher": publish["account"], "publisher_guid": publish["guid"],
                   "accepted_at": publish["accepted_at"], "priority": publish["priority"] or 0,
                   "headers": publish["headers"] or [], "sections": sections,
-                  "delivery": _lower(publish["delivery"], "all")})
+                  "delivery": _lower(publish["delivery"], "all"), "expires_at": publish["expires_at"]})
 
 
 def _acked_value(account: str, smuid: int) -> str:

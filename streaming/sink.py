@@ -615,7 +615,8 @@ def _deliver_record(message: dict, account: str) -> dict:
                     publisher=message["publisher"], publisher_guid=message["publisher_guid"],
                     accepted_at=_micros(message["accepted_at"]), priority=message["priority"] or 0,
                     headers=[tuple(h) for h in message["headers"] or []],
-                    sections=[Section.from_json(s) for s in message["sections"] or []], delivery="one")
+                    sections=[Section.from_json(s) for s in message["sections"] or []], delivery="one",
+                    expires_at=_micros(message["expires_at"]))
     return {"key": account.encode(), "value": event.to_bytes().decode(), "seq": None}
 
 

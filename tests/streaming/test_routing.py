@@ -495,6 +495,17 @@ def test_deliver_records_decode_to_equal_deliver_events(frames):
     ]
 
 
+def test_deliver_records_carry_the_message_expiry_for_the_gateways(frames):
+    """Issue 32 item 7: a gateway holding a delivery never NOTIFYs it once its message expired,
+    so the job's ``Deliver`` tells it when (a state message: none)."""
+    deliveries = frames.deliveries(
+        ("bob", 5, "/t", "c5", "alice", "ga", at(1), 0, [], [], seq(1), at(9)),
+        ("carol", 6, "/t", "c6", "alice", "ga", at(2), 0, [], [], seq(2), None),
+    )
+    rows = sorted(routing.deliver_records(deliveries).collect(), key=lambda r: r["seq"])
+    assert [ev.decode(r["value"]).expires_at for r in rows] == [at(9), None]
+
+
 def test_acked_records(frames):
     rows = routing.acked_records(frames.of(ACKS, ("bob", 10, ts(1), "g1", seq(1)))).collect()
     assert [(r["key"], ev.decode(r["value"])) for r in rows] == [(b"bob", ev.Acked("bob", 10))]
