@@ -1294,6 +1294,12 @@ class Session:
         """LIST/COUNT/FIND never reveal a topic the login may not subscribe to."""
         return [p for p in paths if self._may("subscribe", p)]
 
+    def _message_topics(self, topics: list[str]) -> tuple[str, ...]:
+        """The topics whose stored messages LIST, GET and COUNT MESSAGE on ``topics`` read: those
+        this login may read (a wildcard covers topics it may not), each virtual one as its target
+        (4.1.4: another name for it, so it shows what SUB MESSAGE through it delivers), once."""
+        return tuple(dict.fromkeys(self._registry.resolve(t) or t for t in topics if self._may("subscribe", t)))
+
     def _readable(self, topic: str) -> bool:
         """LIST/GET MESSAGE: the topic's messages exist and this login may read them."""
         return self._own_or_public(topic) and self._registry.readable(topic) and self._may("subscribe", topic)
@@ -1450,10 +1456,10 @@ class Session:
                 count = len(self._seen(registry.descendants(pattern[:-2] or "/") if pattern.endswith("/*")
                                        else registry.children(pattern)))
             elif resource in _SUBSCRIBERS:
-                count = registry.subscribers_in_scope(pattern)
+                count = registry.subscribers_in_scope(pattern, shown=lambda topic: self._may("subscribe", topic))
             else:
                 topics = registry.matching(pattern) if pattern.endswith("/*") else [pattern]
-                return [ReadMessages(tuple(topics), counted, smuids_only=True, now=self._now())]
+                return [ReadMessages(self._message_topics(topics), counted, smuids_only=True, now=self._now())]
             return self._reply(Reply.ok(str(count)))
         return self._consult(decide, pattern)
 
@@ -1480,7 +1486,7 @@ class Session:
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages((topic,), self._render_list, now=self._now())]
+            return [ReadMessages(self._message_topics([topic]), self._render_list, now=self._now())]
         return self._consult(decide, topic)
 
     def _topic_lines(self, paths: list[str]) -> list[str]:
@@ -1542,7 +1548,7 @@ class Session:
         def decide() -> list[Action] | None:
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages((topic,), render, now=self._now())]
+            return [ReadMessages(self._message_topics([topic]), render, now=self._now())]
         return self._consult(decide, topic)
 
     # CREATE, REMOVE, SET: control
@@ -1969,6 +1975,8 @@ class Session:
                 return self._error(error)
             watch = Watch(self._new_request(), self._account,
                           TOPIC_WATCH if resource in _TOPIC else SUBSCRIBERS_WATCH, pattern, self._now())
+            if not self._own_or_public(pattern):  # as SUB MESSAGE: nobody watches another's account topic
+                return self._reply(Reply.error(FORBIDDEN, "another account's topic"))
             if not self._may("subscribe", pattern):
                 return self._denied("subscribe", pattern)
             return self._consult(lambda: self._control(watch) if self._exists(pattern) else None, pattern)

@@ -396,16 +396,17 @@ class Registry:
         return sum(1 for subs in self.subscriptions.values()
                    if any(parse_pattern(p).matches(topic) for p in subs))
 
-    def subscribers_in_scope(self, pattern: str) -> int:
+    def subscribers_in_scope(self, pattern: str, shown: Callable[[str], bool] = lambda topic: True) -> int:
         """COUNT SUBSCRIBERS: accounts subscribed to any topic ``pattern`` covers (a wildcard leaf
-        traverses all descendants), or to a pattern inside that scope."""
-        topics = self.matching(pattern) if pattern.endswith("/*") else [pattern]
+        traverses all descendants), or to a pattern inside that scope; only the topics (and the
+        patterns' bases) ``shown`` admits count, so a count never reveals a topic LIST would hide."""
+        topics = [t for t in (self.matching(pattern) if pattern.endswith("/*") else [pattern]) if shown(t)]
         prefix = pattern[:-1] if pattern.endswith("/*") else None
         count = 0
         for subs in self.subscriptions.values():
             parsed = [parse_pattern(p) for p in subs]
-            if any(s.matches(t) for s in parsed for t in topics) or (
-                    prefix and any(s.text.startswith(prefix) for s in parsed)):
+            if any(s.matches(t) for s in parsed for t in topics) or (prefix and any(
+                    s.text.startswith(prefix) and shown(s.text.removesuffix("/*")) for s in parsed)):
                 count += 1
         return count
 

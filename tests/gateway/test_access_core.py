@@ -26,8 +26,8 @@ def linked_registry():
     return registry
 
 
-def session_as(account: str, registry=None, **options):
-    session = make_session(registry=registry or linked_registry(), access=ACCESS, **options)
+def session_as(account: str, registry=None, access=ACCESS, **options):
+    session = make_session(registry=registry or linked_registry(), access=access, **options)
     run(session, [LOGINS[account]])
     assert session.account == account
     return session
@@ -141,3 +141,40 @@ def test_the_memory_of_messages_seen_is_bounded():
         seen.add(Deliver("bob", n, "/open", f"A{n}", "ann", "g", 0, headers=[("Reply-Topic", "/t")]))
     assert seen.get("ann/g/A0") is None
     assert seen.get("ann/g/A2") == ("/open", "/t")
+
+
+# -- what a login may not read is not counted, and a link reads its target
+
+
+def test_list_get_and_count_message_through_a_link_read_its_targets_messages():
+    """A virtual topic is another name for its target (4.1.4): what SUB MESSAGE through it would
+    deliver, LIST, GET and COUNT MESSAGE through it show."""
+    jtegen = session_as("jtegen")
+    jtegen.stored["/secret"] = [stored(7, "/secret", "jtegen", "S1")]
+    assert answer(jtegen, b"COUNT MESSAGE /pub/alias\r\n") == b"200-OK\r\n200 1\r\n\r\n"
+    assert b"200 7" in answer(jtegen, b"LIST MESSAGE /pub/alias\r\n")
+    assert answer(jtegen, b"GET MESSAGE /pub/alias 7\r\n").startswith(b"200")
+
+
+def test_count_message_over_a_wildcard_counts_only_topics_the_login_may_read():
+    registry = make_registry(["/top/secret", "/top/open"])
+    guest = session_as("guest", registry=registry, access=AccessList({"/top/secret": {"subscribe": ["jtegen"]}}))
+    guest.stored["/top/secret"] = [stored(7, "/top/secret", "jtegen", "S1")]
+    guest.stored["/top/open"] = [stored(8, "/top/open", "jtegen", "O1")]
+    assert answer(guest, b"COUNT MESSAGE /top/*\r\n") == b"200-OK\r\n200 1\r\n\r\n"
+
+
+def test_count_subscribers_over_a_wildcard_counts_only_topics_the_login_may_read():
+    registry = make_registry(["/top/secret", "/top/open"])
+    jtegen = session_as("jtegen", registry=registry, access=AccessList({"/top/secret": {"subscribe": ["jtegen"]}}))
+    assert answer(jtegen, b"SUB MESSAGE /top/secret\r\n").startswith(b"200")
+    guest = session_as("guest", registry=registry, access=AccessList({"/top/secret": {"subscribe": ["jtegen"]}}))
+    assert answer(guest, b"COUNT SUBSCRIBERS /top/*\r\n") == b"200-OK\r\n200 0\r\n\r\n"
+    assert answer(jtegen, b"COUNT SUBSCRIBERS /top/*\r\n") == b"200-OK\r\n200 1\r\n\r\n"
+
+
+def test_another_accounts_topic_cannot_be_watched():
+    """As SUB MESSAGE /accounts/<other> is 403, so are SUB TOPIC and SUB SUBSCRIBER on it."""
+    guest = session_as("guest")
+    for resource in (b"TOPIC", b"SUBSCRIBER"):
+        assert answer(guest, b"SUB " + resource + b" /accounts/jtegen\r\n").startswith(b"403 ")
