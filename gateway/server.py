@@ -869,12 +869,14 @@ class Gateway:
             self.book.acknowledged(ack.account, ack.smuid)
         self.handing_on = True
         self.server = await asyncio.start_server(self._accept, self.config.gateway.host, self.config.gateway.port,
-                                                 limit=self.config.gateway.max_line_bytes * 2)
+                                                 limit=self.config.gateway.max_line_bytes * 2,
+                                                 backlog=self.config.gateway.listen_backlog)
         log.info("SMQP gateway listening on %s", self.address)
         if self.config.gateway.tls_port:
             self.tls_server = await asyncio.start_server(
                 self._accept, self.config.gateway.host, self.config.gateway.tls_port,
-                limit=self.config.gateway.max_line_bytes * 2, ssl=tls_context(self.config.gateway))
+                limit=self.config.gateway.max_line_bytes * 2, ssl=tls_context(self.config.gateway),
+                backlog=self.config.gateway.listen_backlog)
             log.info("SMQPS (TLS) listening on %s", self.tls_address)
         if self.config.gateway.status_port:
             self.status = await serve_http(self.config.gateway.host, self.config.gateway.status_port, {
