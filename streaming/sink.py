@@ -676,6 +676,7 @@ class CommandSink:
         # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
+        self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
         # told, after each commit, when the deliveries it routed expire (µs): the job's ticker
@@ -690,16 +691,31 @@ class CommandSink:
 
     def committed_version(self, table: str) -> int | None:
         """The last batch id committed to ``table`` by this query (None: never)."""
-        path = self.config.table_path(table)
-        if not DeltaTable.is_deltatable(path):
+        if not self._exists(table):
             return None
-        return DeltaTable(path).transaction_version(self.app_id(table))
+        return self._table(table).transaction_version(self.app_id(table))
+
+    def _exists(self, name: str) -> bool:
+        return name in self._tables or DeltaTable.is_deltatable(self.config.table_path(name))
 
     def _done(self, table: str, batch_id: int) -> bool:
         version = self.committed_version(table)
         return version is not None and version >= batch_id
 
     def _table(self, name: str) -> DeltaTable:
+        """Table ``name`` at its latest version: opened once (:meth:`_open`), then brought up to date.
+
+        Why kept open: a batch reads or commits a dozen times, and opening a table reads its last
+        checkpoint and the log after it, where an open one reads only the commits it has not seen
+        (measured with delta-rs 1.6: 12 ms against 2 ms; a commit and a fresh open 39 ms against 8)."""
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = self._open(name)
+        else:
+            table.update_incremental()
+        return table
+
+    def _open(self, name: str) -> DeltaTable:
         """Table ``name``, created when missing (with :data:`TABLE_PROPERTIES`), and given any column
         its schema gained and any of those properties it lacks since."""
         path = self.config.table_path(name)
@@ -743,11 +759,10 @@ class CommandSink:
 
     def active_subscriptions(self) -> pa.Table:
         """Active rows of the ``subscriptions`` Delta table."""
-        path = self.config.table_path("subscriptions")
         schema = arrow_schema(SUBSCRIPTIONS_TABLE)
-        if not DeltaTable.is_deltatable(path):
+        if not self._exists("subscriptions"):
             return schema.empty_table()
-        arrow = DeltaTable(path).to_pyarrow_table(filters=[("active", "=", True)])
+        arrow = self._table("subscriptions").to_pyarrow_table(filters=[("active", "=", True)])
         return _with_columns(arrow, schema).select(schema.names).cast(schema)
 
     def current_subscriptions(self, spark: SparkSession) -> DataFrame:

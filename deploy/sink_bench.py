@@ -1,0 +1,134 @@
+"""How long the job's sink takes per micro-batch on its own: routing a batch and committing it to Delta.
+
+``python -m deploy.sink_bench`` drives :class:`streaming.sink.CommandSink` with made-up batches, as
+the streaming query would hand them over, without Kafka or a running query: each batch holds
+``--publishes`` publishes to topics ``--subscribers`` accounts subscribe to, the ACKs of the
+previous batch's deliveries and a tick, so it is a *simple* batch (:mod:`streaming.simple_batch`)
+and the Delta tables grow as they would.  It prints, per batch, the time to compute the outputs
+(``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
+their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
+producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
+stack.  Everything runs in a temporary directory, removed at the end.
+
+This host's speed drifts about 2x minute to minute: compare two versions of the code only across
+alternating runs (``PYTHONPATH=<checkout> python -m deploy.sink_bench``, one checkout after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from schemas import events as ev
+from schemas.config import load_config
+from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
+
+T0 = datetime.now(timezone.utc).replace(microsecond=0)
+US0 = int(T0.timestamp() * 1_000_000)
+
+
+def subscribe(config, accounts: list[str]) -> None:
+    """Every account subscribed to ``/bench/*``, as committed subscriptions."""
+    rows = [{"account": account, "pattern": "/bench/*", "guid": f"g-{account}", "active": True,
+             "subscribed_at": T0, "unsubscribed_at": None, "since": None, "until": None, "batch_id": 0}
+            for account in accounts]
+    write_deltalake(config.table_path("subscriptions"), pa.Table.from_pylist(rows, arrow_schema(SUBSCRIPTIONS_TABLE)),
+                    mode="overwrite")
+
+
+def batch_events(index: int, publishes: int, accounts: list[str]) -> list:
+    """Batch ``index``: its publishes (a minute's Timeout), the ACKs of the previous batch's, a tick."""
+    at = US0 + index * 1_000_000
+    events = [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
+                         expires_at=at + 60_000_000) for n in range(publishes)]
+    if index:
+        events += [ev.Ack(account, f"g-{account}", (index - 1) * publishes + n + 1, at + publishes + n)
+                   for n in range(publishes) for account in accounts]
+    return events + [ev.Tick(at + 900_000)]
+
+
+def records(events: list, offset: int) -> pa.Table:
+    """``events`` as the Kafka records of a micro-batch."""
+    at = datetime.now(timezone.utc)
+    return pa.Table.from_pylist(
+        [{"key": None, "value": event.to_bytes(), "topic": "bench", "partition": 0, "offset": offset + n,
+          "timestamp": at, "timestampType": 0} for n, event in enumerate(events)],
+        schema=arrow_schema(KAFKA_RECORD))
+
+
+def percentiles(values: list[float]) -> dict:
+    ordered = sorted(values)
+    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)  # noqa: E731
+    return {"p50": round(statistics.median(ordered), 1), "p90": pick(0.9), "p99": pick(0.99), "max": round(ordered[-1], 1)}
+
+
+def run(args) -> dict:
+    from pyspark.sql import SparkSession
+
+    from streaming.sink import CommandSink
+
+    workdir = tempfile.mkdtemp(prefix="smqp-sink-bench-")
+    spark = (SparkSession.builder.master("local[1]").appName("sink-bench").config("spark.ui.enabled", "false")
+             .getOrCreate())
+    try:
+        config = load_config(env={}, data_dir=f"{workdir}/data")
+        accounts = [f"sub{n}" for n in range(args.subscribers)]
+        subscribe(config, accounts)
+        sink = CommandSink(config)
+        frame = spark.createDataFrame([], KAFKA_RECORD)  # outputs() asks it only for its session
+        timings = []
+        offset = 0
+        for index in range(args.warmup + args.batches):
+            arrow = records(batch_events(index, args.publishes, accounts), offset)
+            offset += arrow.num_rows
+            started = time.perf_counter()
+            out = sink.outputs(frame, index + 1, T0 + timedelta(seconds=index), arrow)
+            routed = time.perf_counter()
+            sink.commit_outputs(out, index + 1)
+            done = time.perf_counter()
+            if index >= args.warmup:
+                timings.append(((routed - started) * 1000, (done - routed) * 1000))
+            if (index + 1) % 20 == 0:
+                print(f"  {index + 1} batches", flush=True)
+        return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
+                "outputs_ms": percentiles([t[0] for t in timings]),
+                "commit_ms": percentiles([t[1] for t in timings]),
+                "total_ms": percentiles([sum(t) for t in timings])}
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.sink_bench", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=100, help="measured batches (default 100)")
+    parser.add_argument("--warmup", type=int, default=10, help="batches run first, not counted (default 10)")
+    parser.add_argument("--publishes", type=int, default=200, help="publishes per batch (default 200)")
+    parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:
+        parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
+    print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
+          f"(+ their ACKs), after {args.warmup} warm-up batches ...", flush=True)
+    figures = run(args)
+    for name in ("outputs_ms", "commit_ms", "total_ms"):
+        print(f"{name:>11}: " + "  ".join(f"{k} {v:,}" for k, v in figures[name].items()))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
