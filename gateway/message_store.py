@@ -187,16 +187,15 @@ class MessageStore:
         message to count them took two thirds of a gateway's CPU while a client counted a topic of
         40,000 now and then.)"""
         owner = trash_of(topic)
-        if owner is None:
-            rows = self._topic_rows(topic, ["smuid"], now)
-        else:
+        if owner is not None:
             with self._lock:
-                table = self._current(self.trash_path)
-                rows = None if table is None else table.to_pyarrow_table(
-                    columns=["smuid"], filters=[("topic", "=", owner)])
-        if rows is None:
-            return []
-        return pc.unique(rows.column("smuid")).sort().to_pylist()
+                smuids = self._trashed_smuids(owner)
+        else:
+            rows = self._topic_rows(topic, ["smuid"], now)
+            if rows is None:
+                return []
+            smuids = rows.column("smuid")
+        return pc.unique(smuids).sort().to_pylist()
 
     def _topic_rows(self, topic: str, columns: list[str], now: int | None) -> pa.Table | None:
         """``columns`` of canonical ``topic``'s ``messages`` rows, those live at ``now`` only (None:

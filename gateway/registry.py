@@ -243,11 +243,7 @@ class Registry:
         ended = sorted(p for p in mine if covers(event.pattern, p))
         before = {t: n for p in ended for t, n in self._counts_touched(p).items()}
         for pattern in ended:
-            del mine[pattern]
-            accounts = self._by_pattern.get(pattern, set())
-            accounts.discard(event.account)
-            if not accounts:
-                self._by_pattern.pop(pattern, None)
+            self._end_subscription(event.account, pattern)
         lines = [f"MESSAGE {p}" for p in ended]
         if event.everything:
             lines += self._end_watches(event.account, TOPIC_WATCH, "/*")
@@ -321,6 +317,7 @@ class Registry:
         return subscription is not None and subscription.until == until
 
     def _end_subscription(self, account: str, pattern: str) -> None:
+        """Forget ``account``'s subscription to ``pattern`` (UNSUBSCRIBE, or its UNTIL passed)."""
         del self.subscriptions[account][pattern]
         accounts = self._by_pattern.get(pattern, set())
         accounts.discard(account)
