@@ -1298,7 +1298,7 @@ class Session:
         """The topics whose stored messages LIST, GET and COUNT MESSAGE on ``topics`` read: those
         this login may read (a wildcard covers topics it may not), each virtual one as its target
         (4.1.4: another name for it, so it shows what SUB MESSAGE through it delivers), once."""
-        return tuple(dict.fromkeys(self._registry.resolve(t) or t for t in topics if self._may("subscribe", t)))
+        return tuple(dict.fromkeys(self._registry.resolve(t) or t for t in self._seen(topics)))
 
     def _readable(self, topic: str) -> bool:
         """LIST/GET MESSAGE: the topic's messages exist and this login may read them."""
