@@ -4,7 +4,7 @@ The fan-out's consumer path without the rest of the stack: ``--subscribers``
 clients in one event loop log in to a scripted server (a child process on
 127.0.0.1 that answers at once), ask for a notify window and each take
 ``--messages`` 200-byte NOTIFY MESSAGEs as the gateway renders them, through
-the benchmark's adapter (``deploy.bench``), acknowledging every one with
+the benchmark's adapter (``deploy.smqp_adapter``), acknowledging every one with
 ``310 ACK <smuid>``.  It prints the client process's CPU per delivery for each
 run and the median, so a change to ``gateway/client.py`` or
 ``gateway/client_protocol.py`` is measured in seconds.  ``deploy.compare``
@@ -26,7 +26,7 @@ import sys
 import time
 
 from deploy import compare_workloads
-from deploy.bench import _Subscriber
+from deploy.smqp_adapter import _Subscriber
 from deploy.broker import free_port, wait_for_port
 from deploy.compare import collecting_like_the_gateway
 from gateway.client import SMQPClient

@@ -1,6 +1,6 @@
 """Our engine against RabbitMQ on this machine, in one run (a script, not a test).
 
-Starts our whole stack (a one-node Apache Kafka, streaming job, gateway: ``deploy.bench``)
+Starts our whole stack (a one-node Apache Kafka, streaming job, gateway: ``deploy.smqp_adapter``)
 and a RabbitMQ node of its own (``deploy.rabbit``; Debian's package,
 installed with apt when missing), both on 127.0.0.1, and runs the same
 workloads against both with Python clients (our ``gateway.client`` and
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Awaitable, Iterator
 
 from deploy import compare_workloads as workloads
-from deploy.bench import running_smqp
+from deploy.smqp_adapter import running_smqp
 from deploy.broker import kafka_version
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats, summarize)

@@ -1,7 +1,7 @@
 """The comparison's workloads, written once against a small broker interface.
 
 Each workload drives a :class:`System`: our engine through the reference
-client (``deploy.bench.SMQPSystem``) or RabbitMQ through pika
+client (``deploy.smqp_adapter.SMQPSystem``) or RabbitMQ through pika
 (``deploy.rabbit.RabbitSystem``).  A *destination* is an SMQP topic or a
 RabbitMQ fanout exchange; a *subscriber* is an SMQP account subscribed to the
 topic or a durable queue bound to the exchange, and keeps collecting while it

@@ -42,6 +42,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime
+from importlib import resources
 from typing import Any
 
 import pyarrow as pa
@@ -435,6 +436,14 @@ def gateway_totals(gateways: list[dict]) -> dict:
 # The dashboard
 
 
+def page_html(refresh_s: float) -> str:
+    """The page (``deploy/static/dashboard.html``, shipped as package data), polling every ``refresh_s``.
+
+    A file rather than a string here, so that it reads, lints and diffs as the HTML and JavaScript it is."""
+    page = resources.files("deploy").joinpath("static", "dashboard.html").read_text(encoding="utf-8")
+    return page.replace("__REFRESH_MS__", str(int(refresh_s * 1000)))
+
+
 class Dashboard:
     """Refreshes the figures every ``refresh_s`` and serves them (page, JSON, Prometheus)."""
 
@@ -443,6 +452,7 @@ class Dashboard:
         self.settings = config.dashboard
         self.gateway_urls = self.settings.gateway_urls(config.gateway)
         self.tables = DeltaTables(config, self.settings.history_batches)
+        self._page_html = page_html(self.settings.refresh_s)
         self.status: dict | None = None
         self.scrapes: list[Scrape] = []
         self.history: deque = deque(maxlen=600)  # one point per refresh, for the charts
@@ -533,8 +543,7 @@ class Dashboard:
         return self.status if self.status is not None else await self.refresh()
 
     async def _page(self, query: str) -> Response:
-        return Response(PAGE.replace("__REFRESH_MS__", str(int(self.settings.refresh_s * 1000))),
-                        "text/html; charset=utf-8")
+        return Response(self._page_html, "text/html; charset=utf-8")
 
     async def _json(self, query: str) -> Response:
         return Response(json.dumps(await self._current(), separators=(",", ":")), "application/json")
@@ -644,238 +653,6 @@ def render_prometheus(status: dict, scrapes: list[Scrape], refresh_seconds: floa
                [({"query": q, "source": p.get("source") or "", "partition": p.get("partition")}, p.get("lag"))
                 for q, b in latest.items() for p in b.get("partitions") or ()])
     return out.text()
-
-
-# --------------------------------------------------------------------------
-# The page
-
-
-PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>SMQP on Spark · dashboard</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-:root{--bg:#0f1720;--panel:#17212c;--line:#263445;--text:#e6edf3;--dim:#8da2b5;--accent:#4fb3ff;--good:#3ecf8e;--warn:#f5b041;--bad:#ff6b6b}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--text);font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
-header{display:flex;align-items:center;gap:16px;padding:12px 20px;border-bottom:1px solid var(--line);background:#111b25}
-header h1{font-size:17px;margin:0;font-weight:600}
-header .meta{color:var(--dim);font-size:12px;margin-left:auto;display:flex;gap:14px;align-items:center}
-.dot{width:9px;height:9px;border-radius:50%;background:var(--dim);display:inline-block;margin-right:6px}
-.dot.live{background:var(--good)} .dot.stale{background:var(--bad)}
-main{padding:14px 20px;display:grid;gap:14px}
-.tiles{display:grid;grid-template-columns:repeat(6,1fr);gap:12px}
-.tile{background:var(--panel);border:1px solid var(--line);border-radius:8px;padding:10px 12px;min-height:84px}
-.tile .label{color:var(--dim);font-size:11px;text-transform:uppercase;letter-spacing:.06em}
-.tile .value{font-size:26px;font-weight:600;margin-top:2px;font-variant-numeric:tabular-nums}
-.tile .unit{font-size:13px;color:var(--dim);margin-left:4px;font-weight:400}
-.tile .sub{color:var(--dim);font-size:12px;margin-top:2px;font-variant-numeric:tabular-nums}
-.tile.bad .value{color:var(--bad)} .tile.warn .value{color:var(--warn)}
-.charts{display:grid;grid-template-columns:repeat(4,1fr);gap:12px}
-.chart{background:var(--panel);border:1px solid var(--line);border-radius:8px;padding:10px 12px}
-.chart .label{color:var(--dim);font-size:11px;text-transform:uppercase;letter-spacing:.06em;display:flex;justify-content:space-between}
-.chart svg{width:100%;height:70px;display:block;margin-top:6px}
-.panels{display:grid;grid-template-columns:1.3fr 1fr;gap:12px}
-.panel{background:var(--panel);border:1px solid var(--line);border-radius:8px;padding:10px 12px;overflow:hidden}
-.panel h2{font-size:12px;color:var(--dim);text-transform:uppercase;letter-spacing:.06em;margin:0 0 6px;font-weight:600}
-table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
-th,td{text-align:right;padding:3px 8px;border-bottom:1px solid var(--line);white-space:nowrap}
-th{color:var(--dim);font-weight:500;font-size:12px}
-th:first-child,td:first-child{text-align:left}
-td.topic{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px;max-width:320px;overflow:hidden;text-overflow:ellipsis}
-.bar{display:inline-block;height:8px;background:var(--accent);border-radius:2px;vertical-align:middle;margin-left:6px;opacity:.8}
-.empty{color:var(--dim);font-style:italic;padding:6px 0}
-.up{color:var(--good)} .down{color:var(--bad)}
-td[data-col="frames-in"]{white-space:normal;text-align:left;font-size:12px;color:var(--dim);min-width:180px}
-th.left{text-align:left}
-</style></head>
-<body>
-<header><h1>SMQP on Spark</h1><span style="color:var(--dim)">engine dashboard</span>
-<div class="meta"><span><span id="live" class="dot"></span><span id="updated">connecting…</span></span>
-<span id="gateways-up" data-figure="gateways-up">—</span><span id="tables-state"></span></div></header>
-<main>
-<section class="tiles">
- <div class="tile"><div class="label">Processed</div><div class="value"><span data-figure="processed-rate">—</span><span class="unit">rows/s</span></div><div class="sub">input <span data-figure="input-rate">—</span> rows/s · batch <span data-figure="batch-id">—</span></div></div>
- <div class="tile"><div class="label">Batch duration</div><div class="value"><span data-figure="batch-duration">—</span><span class="unit">ms</span></div><div class="sub"><span data-figure="batch-rows">—</span> rows · add batch <span data-figure="add-batch">—</span> ms</div></div>
- <div class="tile"><div class="label">Kafka lag</div><div class="value"><span data-figure="lag">—</span><span class="unit">records</span></div><div class="sub" data-figure="lag-partitions">—</div></div>
- <div class="tile"><div class="label">Pending deliveries</div><div class="value"><span data-figure="pending">—</span></div><div class="sub"><span data-figure="acked">—</span> acknowledged</div></div>
- <div class="tile"><div class="label">NOTIFY in flight</div><div class="value"><span data-figure="in-flight">—</span></div><div class="sub"><span data-figure="queued">—</span> queued · <span data-figure="connections">—</span> connections</div></div>
- <div class="tile"><div class="label">ACK latency p50</div><div class="value"><span data-figure="ack-p50">—</span><span class="unit">ms</span></div><div class="sub">p99 <span data-figure="ack-p99">—</span> ms · <span data-figure="ack-count">—</span> ACKs</div></div>
- <div class="tile"><div class="label">Messages</div><div class="value"><span data-figure="messages">—</span></div><div class="sub"><span data-figure="messages-minute">—</span> in the last minute</div></div>
- <div class="tile"><div class="label">Publish rate</div><div class="value"><span data-figure="publish-rate">—</span><span class="unit">/s</span></div><div class="sub"><span data-figure="published">—</span> PUBLISH frames</div></div>
- <div class="tile"><div class="label">NOTIFY → ACK</div><div class="value"><span data-figure="delivery-p50">—</span><span class="unit">ms</span></div><div class="sub">p99 <span data-figure="delivery-p99">—</span> ms · last 5 min</div></div>
- <div class="tile" id="trash-tile"><div class="label">Trash</div><div class="value"><span data-figure="trash">—</span></div><div class="sub"><span data-figure="trash-growth">—</span> per minute</div></div>
- <div class="tile" id="errors-tile"><div class="label">Errors</div><div class="value"><span data-figure="errors">—</span></div><div class="sub"><span data-figure="error-rate">—</span> per second</div></div>
- <div class="tile"><div class="label">Logins</div><div class="value"><span data-figure="logins">—</span></div><div class="sub"><span data-figure="frames-in">—</span> frames in</div></div>
-</section>
-<section class="charts">
- <div class="chart"><div class="label"><span>Processed rows/s per batch</span><span data-chart-last="rate"></span></div><svg id="chart-rate" viewBox="0 0 300 70" preserveAspectRatio="none"></svg></div>
- <div class="chart"><div class="label"><span>Batch duration, ms</span><span data-chart-last="duration"></span></div><svg id="chart-duration" viewBox="0 0 300 70" preserveAspectRatio="none"></svg></div>
- <div class="chart"><div class="label"><span>Kafka lag per batch</span><span data-chart-last="lag"></span></div><svg id="chart-lag" viewBox="0 0 300 70" preserveAspectRatio="none"></svg></div>
- <div class="chart"><div class="label"><span>Pending deliveries</span><span data-chart-last="pending"></span></div><svg id="chart-pending" viewBox="0 0 300 70" preserveAspectRatio="none"></svg></div>
-</section>
-<section class="panels">
- <div class="panel"><h2>Queue depth per topic</h2>
-  <table><thead><tr><th>topic</th><th>messages</th><th>pending</th><th>acked</th><th>trash</th></tr></thead><tbody id="topics"></tbody></table></div>
- <div class="panel"><h2>Gateways</h2>
-  <table><thead><tr><th>status page</th><th>up</th><th>conn</th><th>in flight</th><th class="left">frames in</th></tr></thead><tbody id="gateways"></tbody></table>
-  <h2 style="margin-top:12px">Errors by reply code</h2>
-  <table><thead><tr><th>code</th><th>replies</th></tr></thead><tbody id="errors"></tbody></table></div>
-</section>
-<section class="panel"><h2>Latest micro-batches</h2>
- <table><thead><tr><th>batch</th><th>started</th><th>input rows</th><th>input rows/s</th><th>processed rows/s</th><th>duration ms</th><th>add batch ms</th><th>lag</th></tr></thead><tbody id="batches"></tbody></table></section>
-</main>
-<script>
-"use strict";
-const REFRESH_MS = __REFRESH_MS__;
-const $ = s => document.querySelector(s);
-function fmt(v, digits) {
-  if (v === null || v === undefined || Number.isNaN(v)) return "—";
-  return Number(v).toLocaleString("en-US", {minimumFractionDigits: digits || 0, maximumFractionDigits: digits || 0});
-}
-function ms(seconds) { return seconds === null || seconds === undefined ? null : seconds * 1000; }
-function set(name, value, digits) {
-  for (const el of document.querySelectorAll('[data-figure="' + name + '"]')) {
-    el.textContent = typeof value === "string" ? value : fmt(value, digits);
-    el.dataset.value = value === null || value === undefined ? "" : String(value);
-  }
-}
-function cell(text, cls, attrs) {
-  const td = document.createElement("td");
-  td.textContent = text;
-  if (cls) td.className = cls;
-  for (const [k, v] of Object.entries(attrs || {})) td.setAttribute(k, v);
-  return td;
-}
-function fill(tbody, rows, emptyText, cols) {
-  tbody.replaceChildren();
-  if (!rows.length) {
-    const tr = document.createElement("tr");
-    const td = cell(emptyText, "empty"); td.colSpan = cols; tr.append(td); tbody.append(tr);
-    return;
-  }
-  for (const r of rows) tbody.append(r);
-}
-function spark(id, values, color) {
-  const svg = document.getElementById(id);
-  const pts = values.map((v, i) => [i, v]).filter(p => p[1] !== null && p[1] !== undefined);
-  svg.replaceChildren();
-  if (pts.length < 1) return;
-  const max = Math.max(1e-9, ...pts.map(p => p[1]));
-  const n = Math.max(1, values.length - 1);
-  const xy = pts.map(([i, v]) => [(i / n) * 300, 66 - (v / max) * 60]);
-  const ns = "http://www.w3.org/2000/svg";
-  const area = document.createElementNS(ns, "polygon");
-  area.setAttribute("points", "0,70 " + xy.map(p => p.join(",")).join(" ") + " " + xy[xy.length - 1][0] + ",70");
-  area.setAttribute("fill", color); area.setAttribute("opacity", "0.15");
-  const line = document.createElementNS(ns, "polyline");
-  line.setAttribute("points", xy.map(p => p.join(",")).join(" "));
-  line.setAttribute("fill", "none"); line.setAttribute("stroke", color); line.setAttribute("stroke-width", "1.8");
-  line.setAttribute("vector-effect", "non-scaling-stroke");
-  const dot = document.createElementNS(ns, "circle");  // the latest value, visible even alone
-  const [x, y] = xy[xy.length - 1];
-  dot.setAttribute("cx", Math.min(297, Math.max(3, x))); dot.setAttribute("cy", y); dot.setAttribute("r", "2.5");
-  dot.setAttribute("fill", color);
-  svg.append(area, line, dot);
-}
-function render(s) {
-  const t = s.tables, g = s.totals, m = t.metrics, last = m.latest || {};
-  const batches = m.batches || [];
-  set("processed-rate", last.processed_rows_per_second, 1);
-  set("input-rate", last.input_rows_per_second, 1);
-  set("batch-id", last.batch_id === undefined ? null : last.batch_id);
-  set("batch-duration", last.batch_duration_ms);
-  set("batch-rows", last.num_input_rows);
-  set("add-batch", last.add_batch_ms);
-  set("lag", last.kafka_lag);
-  set("lag-partitions", (last.partitions || []).map(p => (p.source || "?") + "[" + p.partition + "] " + fmt(p.lag)).join(" · ") || (m.available ? "no partition lag known" : "no metrics table yet"));
-  set("pending", t.deliveries.available ? t.deliveries.pending : null);
-  set("acked", t.deliveries.available ? t.deliveries.acked : null);
-  set("in-flight", g.up ? g.notify_in_flight : null);
-  set("queued", g.up ? g.notify_queued : null);
-  set("connections", g.up ? g.connections : null);
-  set("logins", g.up ? g.logins : null);
-  set("frames-in", g.up ? Object.values(g.frames_in).reduce((a, b) => a + b, 0) : null);
-  set("ack-p50", ms(g.ack_latency_s.p50), 1);
-  set("ack-p99", ms(g.ack_latency_s.p99), 1);
-  set("ack-count", g.ack_latency_s.count);
-  set("messages", t.messages.available ? t.messages.total : null);
-  set("messages-minute", t.messages.available ? t.messages.last_minute : null);
-  set("publish-rate", g.publish_per_s, 1);
-  set("published", g.up ? (g.frames_in.PUBLISH || 0) : null);
-  set("delivery-p50", ms(g.ack_latency_recent_s.p50), 1);
-  set("delivery-p99", ms(g.ack_latency_recent_s.p99), 1);
-  set("trash", t.trash.available ? t.trash.total : (t.trash.error ? "error" : "none yet"));
-  set("trash-growth", s.trash_growth_per_min, 1);
-  set("errors", g.up ? g.errors_total : null);
-  set("error-rate", g.errors_per_s, 2);
-  $("#errors-tile").classList.toggle("bad", (g.errors_per_s || 0) > 0);
-  set("gateways-up", "gateways " + g.up + "/" + g.configured + " up");
-  $("#tables-state").textContent = Object.entries(t).map(([k, v]) => k + (v.available ? " ✓" : " –")).join("  ");
-
-  spark("chart-rate", batches.map(b => b.processed_rows_per_second), "#4fb3ff");
-  spark("chart-duration", batches.map(b => b.batch_duration_ms), "#f5b041");
-  spark("chart-lag", batches.map(b => b.kafka_lag), "#ff6b6b");
-  spark("chart-pending", s.history.map(p => p.pending), "#3ecf8e");
-  const lastOf = a => a.length ? a[a.length - 1] : null;
-  $('[data-chart-last="rate"]').textContent = fmt(lastOf(batches.map(b => b.processed_rows_per_second)), 1);
-  $('[data-chart-last="duration"]').textContent = fmt(lastOf(batches.map(b => b.batch_duration_ms)));
-  $('[data-chart-last="lag"]').textContent = fmt(lastOf(batches.map(b => b.kafka_lag)));
-  $('[data-chart-last="pending"]').textContent = fmt(lastOf(s.history.map(p => p.pending)));
-
-  const deepest = Math.max(1, ...s.topics.map(r => r.pending));
-  fill($("#topics"), s.topics.map(r => {
-    const tr = document.createElement("tr"); tr.dataset.topic = r.topic;
-    const pending = cell(fmt(r.pending), "", {"data-col": "pending"});
-    const bar = document.createElement("span"); bar.className = "bar"; bar.style.width = Math.round(60 * r.pending / deepest) + "px";
-    pending.append(bar);
-    tr.append(cell(r.topic, "topic"), cell(fmt(r.messages), "", {"data-col": "messages"}), pending,
-              cell(fmt(r.acked), "", {"data-col": "acked"}), cell(fmt(r.trash), "", {"data-col": "trash"}));
-    return tr;
-  }), t.messages.available ? "no topics yet" : "no messages table yet", 5);
-  fill($("#gateways"), s.gateways.map(x => {
-    const tr = document.createElement("tr"); tr.dataset.gateway = x.url;
-    const frames = Object.entries(x.frames_in || {}).sort((a, b) => b[1] - a[1]).map(([k, v]) => k + " " + fmt(v)).join(" · ");
-    tr.append(cell(x.url.replace(/^https?:\/\//, "")), cell(x.up ? "up" : "down", x.up ? "up" : "down", {"title": x.error || ""}),
-              cell(fmt(x.connections), "", {"data-col": "connections"}), cell(fmt(x.notify_in_flight), "", {"data-col": "in-flight"}),
-              cell(frames || "—", "", {"data-col": "frames-in"}));
-    return tr;
-  }), "no gateway status pages configured", 5);
-  fill($("#errors"), Object.entries(g.errors).sort().map(([code, n]) => {
-    const tr = document.createElement("tr"); tr.dataset.code = code;
-    tr.append(cell(code), cell(fmt(n), "", {"data-col": "count"}));
-    return tr;
-  }), "no errors", 2);
-  fill($("#batches"), batches.slice(-8).reverse().map(b => {
-    const tr = document.createElement("tr"); tr.dataset.batch = b.batch_id;
-    tr.append(cell(fmt(b.batch_id)), cell(b.timestamp ? new Date(b.timestamp * 1000).toISOString().slice(11, 23) : "—"),
-              cell(fmt(b.num_input_rows), "", {"data-col": "num_input_rows"}),
-              cell(fmt(b.input_rows_per_second, 1), "", {"data-col": "input_rows_per_second"}),
-              cell(fmt(b.processed_rows_per_second, 1), "", {"data-col": "processed_rows_per_second"}),
-              cell(fmt(b.batch_duration_ms), "", {"data-col": "batch_duration_ms"}),
-              cell(fmt(b.add_batch_ms), "", {"data-col": "add_batch_ms"}),
-              cell(fmt(b.kafka_lag), "", {"data-col": "kafka_lag"}));
-    return tr;
-  }), m.available ? "no micro-batch recorded yet" : "no metrics table yet (is the streaming job running?)", 8);
-  $("#updated").textContent = "updated " + new Date(s.generated_at * 1000).toISOString().slice(11, 19) + " UTC";
-  document.body.dataset.generatedAt = String(s.generated_at);
-}
-async function poll() {
-  try {
-    const response = await fetch("/api/status", {cache: "no-store"});
-    if (!response.ok) throw new Error(response.status);
-    render(await response.json());
-    $("#live").className = "dot live";
-  } catch (e) {
-    $("#live").className = "dot stale";
-    $("#updated").textContent = "no answer from the dashboard (" + e.message + ")";
-  }
-}
-poll();
-setInterval(poll, REFRESH_MS);
-</script>
-</body></html>
-"""
 
 
 # --------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from deploy.bench import _Subscriber
+from deploy.smqp_adapter import _Subscriber
 
 
 def test_answered_acks_are_let_go_as_new_ones_come_and_flush_waits_for_the_rest():
