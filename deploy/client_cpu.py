@@ -7,7 +7,7 @@ clients in one event loop log in to a scripted server (a child process on
 the benchmark's adapter (``deploy.smqp_adapter``), acknowledging every one with
 ``310 ACK <smuid>``.  It prints the client process's CPU per delivery for each
 run and the median, so a change to ``gateway/client.py`` or
-``gateway/client_protocol.py`` is measured in seconds.  ``deploy.compare``
+``gateway/client/wire.py`` is measured in seconds.  ``deploy.compare``
 measures the same path inside the whole system.
 
 On a shared machine the figures move with what else runs; compare two
@@ -30,7 +30,7 @@ from deploy.smqp_adapter import _Subscriber
 from deploy.broker import free_port, wait_for_port
 from deploy.compare import collecting_like_the_gateway
 from gateway.client import SMQPClient
-from gateway.protocol import render_notify
+from gateway.protocol.rendering import render_notify
 from schemas.events import Deliver, Section
 
 BODY = b"x" * compare_workloads.BODY_SIZE

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Callable, Mapping
 
-from gateway.protocol import AuthResult
+from gateway.protocol.actions import AuthResult
 from gateway.scram import Credentials, salted_password
 
 ALGORITHM = "pbkdf2_sha256"

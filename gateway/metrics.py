@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gateway.protocol import VERBS
+from gateway.protocol.vocabulary import VERBS
 
 log = logging.getLogger("smqp.metrics")
 

@@ -1,6 +1,6 @@
 """The asyncio SMQP gateway: sockets, timers and Kafka around the sans-I/O core.
 
-Each connection owns a :class:`gateway.protocol.Session`.  Bytes read go
+Each connection owns a :class:`gateway.protocol.session.Session`.  Bytes read go
 into the session; the actions it returns are carried out here, in order:
 ``Send`` is written, ``Durable`` is appended to Kafka and its reply written
 only once Kafka acknowledged it (Property 1), ``Control`` is appended to
@@ -52,22 +52,11 @@ from gateway.ids import SmuidFactory, new_guid
 from gateway.message_store import MessageStore
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Response, serve_http
 from gateway.presence import Arrived, Left, PresenceMap
-from gateway.protocol import (
-    Close,
-    ConnectNotify,
-    Consult,
-    Control,
-    Durable,
-    LoggedIn,
-    ReadMessages,
-    Send,
-    Session,
-    Wake,
-    render_server_timeout_notify,
-    render_subscribers_notify,
-    render_topic_notify,
-    to_micros,
-)
+from gateway.protocol.actions import (Close, ConnectNotify, Consult, Control, Durable, LoggedIn, ReadMessages, Send,
+                                      Wake)
+from gateway.protocol.headers import to_micros
+from gateway.protocol.rendering import render_server_timeout_notify, render_subscribers_notify, render_topic_notify
+from gateway.protocol.session import Session
 from gateway.registry import SUBSCRIBERS_WATCH, TOPIC_WATCH, Registry, SubscribersChanged, TopicChanged
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, SERVICE_UNAVAILABLE, Reply
 from gateway.ual import AccessList

@@ -11,7 +11,8 @@ import pytest
 
 from gateway import metrics
 from gateway.metrics import Counter, Gauge, GatewayMetrics, Histogram, histogram_quantile, render
-from gateway.protocol import AuthResult, Session
+from gateway.protocol.actions import AuthResult
+from gateway.protocol.session import Session
 from schemas.config import GatewayConfig
 from tests.dashboard import promtext
 from tests.gateway.test_feeding import make_registry

@@ -108,10 +108,10 @@ def test_partial_frames_publish_nothing_and_disturb_no_one(gateway):
 
 def test_command_line_client_reports_refusals_clearly(gateway):
     host, port = gateway.address
-    refused = subprocess.run([sys.executable, "-m", "gateway.cli", "--port", str(port), "--user", "nobody",
+    refused = subprocess.run([sys.executable, "-m", "gateway.client.cli", "--port", str(port), "--user", "nobody",
                               "--password", "x", "pub", "/a/b", "hi"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "404" in refused.stderr
-    unreachable = subprocess.run([sys.executable, "-m", "gateway.cli", "--port", "1", "pub", "/a/b", "hi"],
+    unreachable = subprocess.run([sys.executable, "-m", "gateway.client.cli", "--port", "1", "pub", "/a/b", "hi"],
                                  capture_output=True, text=True, timeout=60)
     assert unreachable.returncode == 2 and "cannot reach" in unreachable.stderr
 

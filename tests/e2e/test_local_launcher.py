@@ -109,7 +109,7 @@ def test_local_launcher_runs_the_system_and_stops_cleanly(tmp_path):
             await sub.create_topic("/demo/hello")
             assert await sub.subscribe("/demo/*") == ["/demo/hello"]
             published = await asyncio.to_thread(  # the reference command line publishes
-                subprocess.run, [sys.executable, "-m", "gateway.cli", "--port", str(gateway_port),
+                subprocess.run, [sys.executable, "-m", "gateway.client.cli", "--port", str(gateway_port),
                                  "pub", "/demo/hello", "hi there"], capture_output=True, text=True, timeout=60)
             assert published.returncode == 0, published.stderr
             smuid = int(published.stdout)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway import cli
+from gateway.client import cli
 from gateway.accounts import hash_password
 from gateway.client import SMQPClient, SMQPError
 from gateway.replies import UNAUTHORIZED

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gateway.book import SeenMessages
 from gateway.message_store import StoredMessage
-from gateway.protocol import Durable
+from gateway.protocol.actions import Durable
 from gateway.ual import AccessList
 from schemas.events import CreateTopic, Deliver
 

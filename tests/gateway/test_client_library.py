@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gateway import cli
-from gateway import client_protocol as cp
+from gateway.client import cli
+from gateway.client import wire as cp
 from gateway.client import SMQPClient, SMQPError
 from schemas.events import Section
 

@@ -3,7 +3,7 @@ byte by byte and randomly split; the client renderers produce what the server's
 framing rule parses.
 
 The server side is written here as literal bytes (the decided formats) or
-with the server's own body renderer (:func:`gateway.protocol.render_notify`),
+with the server's own body renderer (:func:`gateway.protocol.rendering.render_notify`),
 never through a server :class:`Session`, so these tests pin the client alone.
 """
 
@@ -14,8 +14,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gateway import client_protocol as cp
-from gateway.protocol import LineBuffer, MessageFramer, render_notify
+from gateway.client import wire as cp
+from gateway.protocol.framing import LineBuffer, MessageFramer
+from gateway.protocol.rendering import render_notify
 from gateway.replies import NOT_IMPLEMENTED, Reply
 from schemas.events import Deliver, Section
 

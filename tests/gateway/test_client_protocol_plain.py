@@ -1,12 +1,12 @@
-"""NOTIFY MESSAGE read at once (``client_protocol._PlainNotify``) yields exactly what the
+"""NOTIFY MESSAGE read at once (``gateway.client.wire._PlainNotify``) yields exactly what the
 framer read line by line yields, and leaves every other frame, error and edge case to it.
 
 Each stream is read twice: by a :class:`ServerReader` as built, and by one with the plain
 reading turned off (``_read_plain = False``: every NOTIFY MESSAGE through
-:class:`gateway.protocol.MessageFramer`, the path this one must equal).  Both get the same
+:class:`gateway.protocol.framing.MessageFramer`, the path this one must equal).  Both get the same
 chunks (whole, split at every byte, random pieces) and must return the same frames, raise
 the same :class:`ServerProtocolError` after the same frames, and end in the same state.
-The frames are the gateway's own (:func:`gateway.protocol.render_notify`), then bytes
+The frames are the gateway's own (:func:`gateway.protocol.rendering.render_notify`), then bytes
 written by hand for what it never sends, and mutations of both.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import client_protocol as cp
+from gateway.client import wire as cp
 from gateway.client import Message, Notification
-from gateway.protocol import render_notify
+from gateway.protocol.rendering import render_notify
 from schemas.events import Deliver, Section
 
 pytestmark = pytest.mark.timeout(60)

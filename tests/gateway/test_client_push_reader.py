@@ -1,4 +1,4 @@
-"""The client's connections read by push (``gateway.client._PushReader``): each chunk the
+"""The client's connections read by push (``gateway.client.channel._PushReader``): each chunk the
 transport delivers goes straight to the channel's parser.  These check the edges of that
 hand-over: bytes that arrive before the channel is attached, a connection that ends before it
 is, plain asyncio streams (a client built on them reads with a task, as before), and bytes
@@ -10,8 +10,9 @@ import asyncio
 
 import pytest
 
-from gateway import client_protocol as cp
-from gateway.client import SMQPClient, _open_connection
+from gateway.client import wire as cp
+from gateway.client import SMQPClient
+from gateway.client.channel import open_connection
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,7 +41,7 @@ def test_bytes_that_arrive_before_the_channel_is_attached_are_read():
     async def body():
         server, port = await _serve(_greet_then_answer_noops)
         async with server:
-            reader, writer = await _open_connection("127.0.0.1", port, None)
+            reader, writer = await open_connection("127.0.0.1", port, None)
             await asyncio.sleep(0.2)  # the greeting is in before anyone reads it
             client = SMQPClient(reader, writer)
             assert await asyncio.wait_for(client._greeted, 5) == GREETING.decode().strip()
@@ -56,7 +57,7 @@ def test_a_connection_that_ended_before_the_channel_was_attached_fails_the_greet
     async def body():
         server, port = await _serve(close_at_once)
         async with server:
-            reader, writer = await _open_connection("127.0.0.1", port, None)
+            reader, writer = await open_connection("127.0.0.1", port, None)
             await asyncio.sleep(0.2)
             client = SMQPClient(reader, writer)
             with pytest.raises(ConnectionError):
@@ -88,7 +89,7 @@ def test_bytes_that_fit_no_frame_fail_the_pending_request_and_close(plain):
     async def body():
         server, port = await _serve(garbage)
         async with server:
-            opened = asyncio.open_connection("127.0.0.1", port) if plain else _open_connection("127.0.0.1", port, None)
+            opened = asyncio.open_connection("127.0.0.1", port) if plain else open_connection("127.0.0.1", port, None)
             client = SMQPClient(*await opened)
             await asyncio.wait_for(client._greeted, 5)
             with pytest.raises(cp.ServerProtocolError):

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.protocol import (CRLF, LineBuffer, MessageFramer, Need, parse_header, render_body, render_lines,
-                              render_notify)
+from gateway.protocol.framing import CRLF, LineBuffer, MessageFramer, Need, parse_header
+from gateway.protocol.rendering import render_body, render_lines, render_notify
 from schemas.events import Deliver, Section
 from schemas.timefmt import format_date_time, format_micros
 from schemas.topics import MAX_LEVEL_LENGTH, TopicError, canonical
@@ -346,7 +346,7 @@ def test_canonical_agrees_with_the_level_by_level_check(topic):
 
 
 def _client_frames(data: bytes, expect: tuple[bool, ...], chunks: list[bytes]):
-    from gateway import client_protocol as cp
+    from gateway.client import wire as cp
     reader = cp.ServerReader(greeting=False)
     for messages in expect:
         reader.expect_reply(messages=messages)

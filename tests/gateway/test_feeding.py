@@ -13,7 +13,9 @@ import textwrap
 from datetime import datetime, timezone
 from typing import Callable
 
-from gateway.protocol import AuthResult, Consult, Control, Durable, LineBuffer, Need, ReadMessages, Send, Session
+from gateway.protocol.actions import AuthResult, Consult, Control, Durable, ReadMessages, Send
+from gateway.protocol.framing import LineBuffer, Need
+from gateway.protocol.session import Session
 from gateway.registry import Registry
 from schemas.config import GatewayConfig
 from schemas.events import CreateTopic

@@ -12,8 +12,8 @@ from types import MappingProxyType
 
 import pytest
 
-from gateway.protocol import (BAD_REQUEST, CRLF, ENTITY_TOO_LARGE, LENGTH_REQUIRED, LineBuffer, MessageFramer, Need,
-                              Reply, parse_header)
+from gateway.protocol.framing import CRLF, LineBuffer, MessageFramer, Need, parse_header
+from gateway.replies import BAD_REQUEST, ENTITY_TOO_LARGE, LENGTH_REQUIRED, Reply
 from schemas.events import Headers, Section
 from tests.gateway.test_fast_paths import ReferenceLineBuffer
 

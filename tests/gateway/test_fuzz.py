@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deploy.frame_strategies import frames
-from gateway.protocol import Close, Control, Durable, Send
+from gateway.protocol.actions import Close, Control, Durable, Send
 from schemas.events import CONTROL_TYPES
 
 from tests.gateway.test_feeding import logged_in, make_config, run

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.protocol import Durable, Send, SessionMisuse, Wake, render_notify
+from gateway.protocol.actions import Durable, Send, SessionMisuse, Wake
+from gateway.protocol.rendering import render_notify
 from schemas.events import Ack
 from tests.gateway.test_feeding import feed_three_ways, logged_in, make_config, make_session, wire
 from tests.gateway.test_spec_examples import SPEC_MICROS, example_deliver

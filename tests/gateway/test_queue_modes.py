@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.protocol import Durable
+from gateway.protocol.actions import Durable
 from schemas.events import Publish
 from schemas.queue_params import TopicSettings
 

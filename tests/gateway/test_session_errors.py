@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.protocol import Close, Durable, LoggedIn, Send, SessionMisuse
+from gateway.protocol.actions import Close, Durable, LoggedIn, Send, SessionMisuse
 from tests.gateway.test_feeding import feed_three_ways, logged_in, make_config, make_session, wire
 from tests.gateway.test_spec_examples import example_deliver
 

@@ -6,7 +6,7 @@ is there, 414 for the subscription cap (510 for ``/*`` only) and the 128-charact
 from __future__ import annotations
 
 from gateway.accounts import Accounts, hash_password
-from gateway.protocol import AuthResult, ConnectNotify, Durable
+from gateway.protocol.actions import AuthResult, ConnectNotify, Durable
 from tests.gateway.test_feeding import (
     feed_three_ways,
     make_config,

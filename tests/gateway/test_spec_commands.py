@@ -11,7 +11,9 @@ import copy
 import pytest
 
 from gateway.message_store import StoredMessage
-from gateway.protocol import ConnectNotify, Control, Send, Wake, format_ranges, parse_ranges
+from gateway.protocol.actions import ConnectNotify, Control, Send, Wake
+from gateway.protocol.arguments import parse_ranges
+from gateway.protocol.rendering import format_ranges
 from gateway.registry import SubscribersChanged, TopicChanged
 from schemas.events import CreateTopic, Deliver, RemoveTopic, Section, SetLogin, Subscribe
 from schemas.queue_params import TopicSettings
@@ -382,7 +384,7 @@ def scram_session(outcomes: list, credentials=None, password: str = "rowe7kuy"):
     """A factory of jtegen sessions whose account has SCRAM credentials for ``password``."""
     import hashlib
 
-    from gateway.protocol import AuthResult
+    from gateway.protocol.actions import AuthResult
     from gateway.scram import Credentials
 
     salt = b"0123456789abcdef"
@@ -462,7 +464,8 @@ def test_set_login_password_over_scram_with_a_wrong_old_password_is_a_failed_log
 def test_set_login_password_over_scram_refusals():
     """400 for a tampered new password (nothing stored), 405 for an account without SCRAM
     credentials (guest), 401 while the account is throttled."""
-    from gateway.protocol import AuthResult, Session
+    from gateway.protocol.actions import AuthResult
+    from gateway.protocol.session import Session
     from tests.gateway.test_feeding import SPEC_TIME, make_config
 
     _, _, first, _, client_final = scram_proof("rowe7kuy")
@@ -693,7 +696,7 @@ def test_subscriber_counts_change_on_subscribe_and_unsubscribe():
 
 def test_a_deliver_renders_in_reply_attributes():
     """PUB REPLY's NOTIFY to the original publisher: its account topic, the original CMUID."""
-    from gateway.protocol import render_notify
+    from gateway.protocol.rendering import render_notify
     deliver = Deliver("jtegen", 7, "/accounts/jtegen", "CF0456", "bob", "bob1", 0,
                       headers=[("In-Reply-To", "jtegen/jtegen497549/A004"), ("Reply-Topic", "/stocks/quotes/ibm")])
     frame = render_notify(deliver, "h")
@@ -793,7 +796,8 @@ def test_subscription_limits_per_request_and_per_account():
 
 
 def test_a_throttled_login_is_401_with_a_reason():
-    from gateway.protocol import AuthResult, Session
+    from gateway.protocol.actions import AuthResult
+    from gateway.protocol.session import Session
     from tests.gateway.test_feeding import SPEC_TIME, make_config
     registry = make_registry()
     session = Session(make_config(), lambda user, password: AuthResult.THROTTLED,  # Accounts, after failures
@@ -809,7 +813,7 @@ def test_scram_sha_256_login_through_continuation_lines():
     import base64
     import hashlib
 
-    from gateway.protocol import AuthResult
+    from gateway.protocol.actions import AuthResult
     from gateway.scram import Credentials, ScramClient
 
     salt = b"0123456789abcdef"

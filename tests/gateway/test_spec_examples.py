@@ -18,7 +18,8 @@ Deviations from the draft's text, all deliberate:
 
 from __future__ import annotations
 
-from gateway.protocol import Close, Control, Durable, LoggedIn, Send, render_notify
+from gateway.protocol.actions import Close, Control, Durable, LoggedIn, Send
+from gateway.protocol.rendering import render_notify
 from schemas.events import Ack, Deliver, Publish, Section, Subscribe, Unsubscribe
 
 from tests.gateway.test_feeding import (

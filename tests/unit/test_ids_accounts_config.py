@@ -6,7 +6,7 @@ import pytest
 
 from gateway.accounts import Accounts, hash_password, verify_password
 from gateway.ids import SmuidFactory, new_guid
-from gateway.protocol import AuthResult
+from gateway.protocol.actions import AuthResult
 from schemas.config import load_config
 from schemas.timefmt import format_date_time, format_timeout, parse_date_time, parse_timeout
 from schemas.topics import RootWildcardError, TopicError, canonical, parse_pattern

@@ -40,478 +40,31 @@ import contextlib
 import itertools
 import secrets
 import ssl as ssl_module
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gateway import client_protocol as cp
 from gateway import scram
+from gateway.client import wire as cp
+from gateway.client.channel import CLOSED, Channel, Exchange, open_connection, start_server
+from gateway.client.messages import (
+    LOGIN_ATTRIBUTES,
+    Message,
+    Notification,
+    RESOURCE_WORDS,
+    SMQPError,
+    SMQPRedirect,
+    checked,
+)
 from schemas.events import Headers, Section
-
-#: Settles a request's future from its reply frame, as the reply is read (:meth:`_Channel.submit`).
-Settle = Callable[[asyncio.Future, "cp.Frame"], None]
-
-#: SET LOGIN attributes other than PASSWORD (4.1.6.2).
-LOGIN_ATTRIBUTES = ("NAME", "EMAIL", "ADDRESS", "PHONE")
-
-#: Reply words of UNSUBSCRIBE → the resource names notifications use.
-_RESOURCE_WORDS = {"MESS": "MESSAGE", "MESSAGE": "MESSAGE", "TOPIC": "TOPIC", "SUB": "SUBSCRIBERS",
-                   "SUBSCRIBER": "SUBSCRIBERS", "SUBSCRIBERS": "SUBSCRIBERS", "SERVER": "SERVER"}
-
-
-class SMQPError(Exception):
-    """A 4xx/5xx reply: ``code`` and the reply lines."""
-
-    def __init__(self, code: int, lines: list[str]):
-        super().__init__(f"{code} {' / '.join(lines)}")
-        self.code = code
-        self.lines = lines
-
-    @property
-    def reply_class(self) -> int:
-        """4 for a 4xx refusal, 5 for a 5xx failure."""
-        return self.code // 100
-
-
-class SMQPRedirect(SMQPError):
-    """``311 Redirect request`` to LOGIN (4.1.1): log in at ``host:port`` instead."""
-
-    def __init__(self, code: int, lines: list[str]):
-        super().__init__(code, lines)
-        address = lines[-1].strip()
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise cp.ServerProtocolError(f"311 without an address: {lines!r}")
-        self.host, self.port = host, int(port)
-
-
-class _MessageFields:
-    """Attribute accessors shared by notifications and GET MESSAGE results."""
-
-    headers: Headers
-    sections: list[Section]
-
-    def header(self, name: str) -> str | None:
-        """The first header attribute called ``name`` (case-insensitive): :meth:`_attributes`
-        for one name, without its lists."""
-        name = name.lower()
-        for key, value in self.headers:
-            if value is not None and key.lower() == name:
-                return value
-        return None
-
-    def _attributes(self, *names: str) -> list[str | None]:
-        """The first value of each of ``names`` (lower case), in one pass over the headers."""
-        found: list[str | None] = [None] * len(names)
-        for key, value in self.headers:
-            key = key.lower()
-            if key in names:
-                index = names.index(key)
-                if found[index] is None:
-                    found[index] = value
-        return found
-
-    @property
-    def smuid(self) -> int:
-        """The number of ``Smuid: host/number``."""
-        value = self.header("Smuid")
-        if value is None:
-            raise AttributeError("no Smuid attribute")
-        return int(value.rsplit("/", 1)[-1])
-
-    @property
-    def cmuid(self) -> str | None:
-        """``account/guid/uid`` of the publisher: what a reply names (:meth:`SMQPClient.publish_reply`)."""
-        return self.header("Cmuid")
-
-    @property
-    def data(self) -> bytes:
-        sections = self.sections
-        if len(sections) == 1:  # the usual message: its one section's bytes, not a copy
-            return sections[0].data
-        return b"".join([section.data for section in sections])
-
-
-@dataclass(eq=False)
-class Message(_MessageFields):
-    """A stored message from GET MESSAGE: header attributes (``Topic`` first) and data sections."""
-
-    headers: Headers
-    sections: list[Section] = field(default_factory=list)
-
-    @property
-    def topic(self) -> str | None:
-        return self.header("Topic")
-
-
-@dataclass(eq=False)
-class Notification(_MessageFields):
-    """A NOTIFY frame.
-
-    ``resource`` is MESSAGE, TOPIC, SUBSCRIBERS or SERVER.  ``topic`` is the
-    topic (for SERVER, the rest of the line: ``BYE``, ``TIMEOUT 00:05:00``).
-    ``action``/``value`` read NOTIFY TOPIC's ``Action:`` attribute (and
-    SERVER's event word and timeout), ``count`` NOTIFY SUBSCRIBERS' ``COUNT:``.
-    """
-
-    resource: str
-    topic: str
-    headers: Headers
-    sections: list[Section] = field(default_factory=list)
-    _client: SMQPClient | None = field(default=None, repr=False)
-    _channel: _Channel | None = field(default=None, repr=False)
-    _acked: bool = field(default=False, repr=False)
-    _ack_fields = None  # (guaranteed, Smuid value) once read; not a field: no __init__ argument
-
-    @property
-    def needs_ack(self) -> bool:
-        """A NOTIFY MESSAGE awaiting its two-phase ACK (not one of a ``Guarantee: NO`` message)."""
-        return self._ack_smuid()[0]
-
-    def _ack_smuid(self) -> tuple[bool, str | None]:
-        """(:attr:`needs_ack`, the ``Smuid`` value), from one pass over the headers.  That
-        pass is made once, when the channel hands the notification over, not again for its
-        ACK: the headers name the message as it arrived."""
-        if self.resource != "MESSAGE" or self._acked:
-            return False, None
-        fields = self._ack_fields
-        if fields is None:
-            guarantee, guar, smuid = self._attributes("guarantee", "guar", "smuid")
-            fields = self._ack_fields = ((guarantee or guar or "YES").upper() != "NO", smuid)
-        return fields
-
-    async def ack(self) -> None:
-        """The client half of the two-phase commit, on the connection the NOTIFY came on;
-        returns once the server's ``310 ACK`` arrived.  A no-op for other kinds, or twice.
-        In a notify window (:meth:`SMQPClient.set_notify_window`) it names the message,
-        ``310 ACK <smuid>``, so acknowledgements may be sent in any order and overlap."""
-        await self.acknowledge()
-
-    def acknowledge(self) -> asyncio.Future:
-        """:meth:`ack` without waiting, for a consumer working through a notify window: the
-        ``310 ACK`` is sent with this tick's other writes, and the returned future settles once
-        the server's reply arrived (it fails as :meth:`ack` would).  Written at once, with no
-        task of its own, unless a multi-step exchange holds the connection; then it follows it."""
-        needs, smuid = self._ack_smuid()
-        if not needs:
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
-        self._acked = True
-        if self._channel.lock.locked():
-            return asyncio.ensure_future(self._ack_after_exchange(smuid))
-        return self._send_ack(smuid)
-
-    async def _ack_after_exchange(self, smuid: str | None) -> None:
-        try:
-            async with self._channel.lock:
-                outcome = self._send_ack(smuid)
-        except BaseException:
-            self._channel.unacknowledged.pop(smuid, None)
-            raise
-        await outcome
-
-    def _send_ack(self, smuid: str | None) -> asyncio.Future:
-        """Submit the ``310 ACK``; the future settles on its reply, which in a notify window must
-        name the message.  Either way the message leaves the channel's unacknowledged ones."""
-        channel, window = self._channel, self._client.notify_window
-
-        def answered(outcome: asyncio.Future, reply: cp.Frame) -> None:
-            channel.unacknowledged.pop(smuid, None)
-            if outcome.done():  # cancelled by whoever awaited it
-                return
-            try:
-                last = _check(reply).lines[-1]
-                if window != 1 and last.split()[1:] != [smuid]:
-                    raise cp.ServerProtocolError(f"310 ACK of {smuid} answered {last!r}")
-            except BaseException as error:  # noqa: BLE001 - handed to whoever awaits the future
-                outcome.set_exception(error)
-            else:
-                outcome.set_result(None)
-        try:
-            return channel.submit(cp.ACK if window == 1 else cp.render_ack(smuid), settle=answered)
-        except BaseException:
-            channel.unacknowledged.pop(smuid, None)
-            raise
-
-    async def reply(self, data: bytes | str, **options) -> int:
-        """PUB REPLY to this message (see :meth:`SMQPClient.publish_reply`); returns the SMUID."""
-        if self.resource != "MESSAGE" or not self.cmuid:
-            raise ValueError("only a NOTIFY MESSAGE with a Cmuid can be replied to")
-        return await self._client.publish_reply(self.header("Reply-Topic") or self.topic, self.cmuid, data,
-                                                 **options)
-
-    # -- NOTIFY TOPIC / SERVER
-
-    def _event(self) -> tuple[str | None, str | None]:
-        if self.resource == "TOPIC":
-            text = self.header("Action") or ""
-            word, _, rest = text.strip().partition(" ")
-            word = word.upper()
-            return cp.TOPIC_ACTIONS.get(word, word) or None, rest.strip() or None
-        if self.resource == "SERVER":
-            word, _, rest = self.topic.strip().partition(" ")
-            return word.upper() or None, rest.strip() or None
-        return None, None
-
-    @property
-    def action(self) -> str | None:
-        """TOPIC: ADDED, RENAME, DELETED or KEYWORDS; SERVER: BYE or TIMEOUT."""
-        return self._event()[0]
-
-    @property
-    def value(self) -> str | None:
-        """What follows the action: the new name, the keywords, the timeout."""
-        return self._event()[1]
-
-    @property
-    def new_name(self) -> str | None:
-        return self.value if self.action == "RENAME" else None
-
-    @property
-    def keywords(self) -> list[str]:
-        return cp.parse_keywords(self.value or "") if self.action == "KEYWORDS" else []
-
-    @property
-    def timeout(self) -> str | None:
-        """NOTIFY SERVER TIMEOUT's timeout, or BYE's (``None``: right away)."""
-        return self.value if self.resource == "SERVER" else None
-
-    @property
-    def count(self) -> int | None:
-        """NOTIFY SUBSCRIBERS: the topic's subscriber count."""
-        value = self.header("Count")
-        return int(value) if value is not None and value.strip().isdigit() else None
-
-
-_CLOSED = object()  # queued after the last notification of a closed connection
-_READ_LIMIT = 2 ** 16  # asyncio's default StreamReader limit
-
-
-class _PushReader(asyncio.StreamReader):
-    """A StreamReader that hands each chunk to its channel (:meth:`_Channel.received`) as the
-    transport delivers it, instead of buffering it for a read loop to collect: a reply then wakes
-    the request waiting for it in the event-loop step it arrived in, not one step (and a task
-    switch) later.  What arrives before the channel is attached is kept and handed over then."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        super().__init__(limit=_READ_LIMIT, loop=loop)
-        self._channel: _Channel | None = None
-        self._early: list[bytes] = []
-        self._ended: tuple[BaseException | None] | None = None  # (exception,) once the connection ended
-
-    def attach(self, channel: _Channel) -> None:
-        self._channel = channel
-        early, self._early = b"".join(self._early), []
-        if early:
-            channel.received(early)
-        if self._ended is not None:
-            channel.ended()
-
-    def feed_data(self, data: bytes) -> None:
-        if self._channel is None:
-            self._early.append(bytes(data))
-        else:
-            self._channel.received(data)
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self._end(None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        super().set_exception(exc)
-        self._end(exc)
-
-    def _end(self, exc: BaseException | None) -> None:
-        self._ended = (exc,)
-        if self._channel is not None:
-            self._channel.ended()
-
-
-async def _open_connection(host: str, port: int, ssl: ssl_module.SSLContext | None
-                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """``asyncio.open_connection`` with a :class:`_PushReader`."""
-    loop = asyncio.get_running_loop()
-    reader = _PushReader(loop)
-    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-    transport, _ = await loop.create_connection(lambda: protocol, host, port, ssl=ssl)
-    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
-
-
-async def _start_server(connected, host: str | None, port: int,
-                        ssl: ssl_module.SSLContext | None = None) -> asyncio.Server:
-    """``asyncio.start_server`` with a :class:`_PushReader` per connection."""
-    loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: asyncio.StreamReaderProtocol(_PushReader(loop), connected, loop=loop), host, port, ssl=ssl)
-
-
-class _Channel:
-    """One connection: writes requests, reads frames, matches replies to requests in order."""
-
-    def __init__(self, client: SMQPClient, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
-                 main: bool):
-        self.client = client
-        self.reader = reader
-        self.writer = writer
-        self.main = main
-        # Smuids of the NOTIFY MESSAGEs handed over whose 310 ACK exchange is not done, oldest
-        # first and at most the notify window of them: a retry of one of them is dropped
-        self.unacknowledged: dict[str, None] = {}
-        self.parser = cp.ServerReader(greeting=main)
-        # per request sent, oldest first: the future its reply settles, and the function that
-        # settles it as the reply is read (None: with the reply frame itself)
-        self.waiting: deque[tuple[asyncio.Future, Settle | None]] = deque()
-        self.lock = asyncio.Lock()  # held while writing, and across an exchange that must not interleave
-        self._outgoing: list[bytes] = []  # written this tick, handed to the transport together at its end
-        self.closed = asyncio.Event()
-        self.error: Exception | None = None
-        self.task: asyncio.Task | None = None
-        if isinstance(reader, _PushReader):
-            # the reader calls received() and ended() from then on; attached once the caller is
-            # done building (the client keeps this channel as its _main only after it returns)
-            asyncio.get_running_loop().call_soon(reader.attach, self)
-        else:
-            self.task = asyncio.create_task(self._read_loop())
-
-    async def _read_loop(self) -> None:
-        """For a plain StreamReader: collect what it buffered, until the connection ends."""
-        try:
-            while not self.closed.is_set() and (data := await self.reader.read(65536)):
-                self.received(data)
-        except OSError:
-            pass  # reset, or closed under us: the waiters hear "connection closed"
-        finally:
-            self.ended()
-
-    def received(self, data: bytes) -> None:
-        """Dispatch the frames completed by ``data``; bytes that fit no frame end the connection."""
-        if self.closed.is_set():
-            return
-        try:
-            for frame in self.parser.feed(data):
-                self._dispatch(frame)
-        except Exception as error:  # noqa: BLE001 - ServerProtocolError above all: we cannot resync
-            self.error = error
-            self.writer.transport.abort()
-            self.ended()
-
-    def ended(self) -> None:
-        """The connection is gone (once): the waiters hear why, the client forgets the channel."""
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        problem = self.error or ConnectionError("connection closed by server")
-        for waiter, _ in self.waiting:
-            if not waiter.done():
-                waiter.set_exception(problem)
-        self.waiting.clear()
-        self.client._channel_closed(self)
-
-    def _dispatch(self, frame: cp.Frame) -> None:
-        if isinstance(frame, cp.Greeting):
-            self.client._greeting(frame.text)
-        elif isinstance(frame, cp.NotifyFrame):
-            note = Notification(frame.resource, frame.topic, frame.headers, frame.sections, self.client, self)
-            needs, smuid = note._ack_smuid()
-            smuid = smuid if needs else None
-            if smuid is not None and smuid in self.unacknowledged:
-                return  # the server's retry of a NOTIFY handed over: one message, one 310 ACK
-            if smuid is not None:
-                self.unacknowledged[smuid] = None
-                while len(self.unacknowledged) > self.client.notify_window:  # left unacknowledged
-                    del self.unacknowledged[next(iter(self.unacknowledged))]
-            self.client._notified(note)
-        elif self.waiting:  # a reply or continuation; a cancelled waiter still owns its reply
-            waiter, settle = self.waiting.popleft()
-            if settle is not None:
-                settle(waiter, frame)
-            elif not waiter.done():
-                waiter.set_result(frame)
-
-    def submit(self, data: bytes, *, messages: bool = False, settle: Settle | None = None) -> asyncio.Future:
-        """Write one request now; the future gets its reply frame, or what ``settle(future, reply)``
-        makes of it: a 310 ACK's is checked as it is read, with no second future and no extra step
-        of the event loop per acknowledgement.  Call with :attr:`lock` held."""
-        if self.closed.is_set():
-            raise self.error or ConnectionError("connection closed")
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiting.append((waiter, settle))
-        self.parser.expect_reply(messages=messages)
-        self.write(data)
-        return waiter
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data`` for the transport, after everything queued before it.  What a tick
-        writes leaves in one ``send``: a consumer acknowledging a window's worth of NOTIFYs, or
-        pipelined publishes, cost a system call per burst, not one per command."""
-        if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._write_out)
-        self._outgoing.append(data)
-
-    def _write_out(self) -> None:
-        data, self._outgoing = b"".join(self._outgoing), []
-        if data and not self.writer.transport.is_closing():
-            self.writer.write(data)
-
-    async def close(self) -> None:
-        self._write_out()
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
-
-def _check(frame: cp.ReplyFrame | cp.Continuation) -> cp.ReplyFrame | cp.Continuation:
-    if isinstance(frame, cp.ReplyFrame) and frame.code >= 400:
-        raise SMQPError(frame.code, frame.lines)
-    return frame
 
 
 def _unsub_entry(line: str, default: str) -> tuple[str, str]:
     """``MESSAGE /a`` → (MESSAGE, /a); ``SUB /a`` → (SUBSCRIBERS, /a); ``/a`` → (default, /a)."""
     word, _, rest = line.strip().partition(" ")
-    if word.upper() in _RESOURCE_WORDS and rest:
-        return _RESOURCE_WORDS[word.upper()], rest.strip()
+    if word.upper() in RESOURCE_WORDS and rest:
+        return RESOURCE_WORDS[word.upper()], rest.strip()
     return default, line.strip()
-
-
-class _Exchange:
-    """A multi-step exchange (``+`` continuation lines) that holds the connection.  A refusal
-    (4xx/5xx) ends it; anything else that stops it half way (cancelled, a protocol or SCRAM
-    error) drops the connection, since the server would read what we send next as a step."""
-
-    def __init__(self, channel: _Channel, name: str):
-        self.channel = channel
-        self.name = name
-        self.open = False  # the server is reading our lines as steps
-
-    async def __aenter__(self) -> _Exchange:
-        await self.channel.lock.acquire()
-        return self
-
-    async def __aexit__(self, kind, error, traceback) -> None:
-        try:
-            if kind is not None and self.open:
-                self.channel.writer.transport.abort()
-        finally:
-            self.channel.lock.release()
-
-    async def step(self, data: bytes, expect: type, *, last: bool = False):
-        waiter = self.channel.submit(data)
-        self.open = not last
-        await self.channel.writer.drain()
-        reply = await waiter
-        if isinstance(reply, cp.ReplyFrame) and reply.code >= 400:
-            self.open = False  # a refusal ends the exchange
-            raise SMQPError(reply.code, reply.lines)
-        if not isinstance(reply, expect):
-            raise cp.ServerProtocolError(f"{self.name}: unexpected {reply!r}")
-        return reply
 
 
 @dataclass
@@ -542,13 +95,13 @@ class SMQPClient:
         self._greeted = asyncio.get_running_loop().create_future()
         self._cmuids = itertools.count(1)
         self._listener: asyncio.Server | None = None
-        self._notify_channels: set[_Channel] = set()
+        self._notify_channels: set[Channel] = set()
         self.notify_window = 1  # SET NOTIFY WINDOW: NOTIFY MESSAGEs that may await our ACK at once
-        self._main = _Channel(self, reader, writer, main=True)
+        self._main = Channel(self, reader, writer, main=True)
         self.closed = self._main.closed
         self._farm: _Farm | None = None  # where to go when the gateway says BYE (``open(farm=…)``)
         self._moving: asyncio.Task | None = None
-        self._retired: set[_Channel] = set()  # connections to gateways we moved away from, until they close
+        self._retired: set[Channel] = set()  # connections to gateways we moved away from, until they close
 
     # -- connecting
 
@@ -556,7 +109,7 @@ class SMQPClient:
     async def connect(cls, host: str, port: int, timeout: float = 10.0, *,
                       ssl: ssl_module.SSLContext | None = None) -> SMQPClient:
         """Open a connection (SMQPS when ``ssl`` is given) and wait for the server's identification line."""
-        reader, writer = await asyncio.wait_for(_open_connection(host, port, ssl), timeout)
+        reader, writer = await asyncio.wait_for(open_connection(host, port, ssl), timeout)
         client = cls(reader, writer)
         try:
             client.greeting = await asyncio.wait_for(client._greeted, timeout)
@@ -626,7 +179,7 @@ class SMQPClient:
                 and note.action == "BYE" and (self._moving is None or self._moving.done())):
             self._moving = asyncio.create_task(self._move_on())
 
-    def _channel_closed(self, channel: _Channel) -> None:
+    def _channel_closed(self, channel: Channel) -> None:
         self._retired.discard(channel)
         if channel is self._main and self._moving is not None and not self._moving.done():
             return  # the gateway that said BYE closed before we moved: _move_on reports how it went
@@ -634,12 +187,12 @@ class SMQPClient:
             if not self._greeted.done():
                 self._greeted.set_exception(channel.error or ConnectionError("connection closed before greeting"))
                 self._greeted.exception()  # retrieved: connect() reports it
-            self._notifications.put_nowait(_CLOSED)
+            self._notifications.put_nowait(CLOSED)
         else:
             self._notify_channels.discard(channel)
 
     def _accept_notify(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._notify_channels.add(_Channel(self, reader, writer, main=False))
+        self._notify_channels.add(Channel(self, reader, writer, main=False))
 
     async def _move_on(self) -> None:
         """Log in at the next gateway of the farm that answers, then send every later command
@@ -675,18 +228,18 @@ class SMQPClient:
         self.greeting, self.login_attributes, self.account = fresh.greeting, fresh.login_attributes, fresh.account
         while not fresh._notifications.empty():
             note = fresh._notifications.get_nowait()
-            if note is not _CLOSED:
+            if note is not CLOSED:
                 note._client = self
                 self._notifications.put_nowait(note)
 
     # -- requests
 
-    async def _request(self, channel: _Channel, data: bytes, *, messages: bool = False
+    async def _request(self, channel: Channel, data: bytes, *, messages: bool = False
                        ) -> cp.ReplyFrame | cp.Continuation:
         async with channel.lock:
             waiter = channel.submit(data, messages=messages)
             await channel.writer.drain()
-        return _check(await waiter)
+        return checked(await waiter)
 
     async def command_raw(self, data: bytes, *, messages: bool = False) -> cp.ReplyFrame:
         """Send prepared bytes and wait for the matching reply; raise SMQPError on 4xx/5xx."""
@@ -728,7 +281,7 @@ class SMQPClient:
             async def step(data: bytes):
                 waiter = channel.submit(data)
                 await channel.writer.drain()
-                return _check(await waiter)
+                return checked(await waiter)
             try:
                 reply = await step(cp.render_command("LOGIN", account, f"{scram.METHOD}/1.0"))
                 if reply.code == 311:
@@ -852,7 +405,7 @@ class SMQPClient:
         if not new or any(c.isspace() for c in new):
             raise ValueError("the new password must be one word (LOGIN sends it with PASS)")
         lines = [cp.render_line(text) for text in ("SET LOGIN PASSWORD CLEAR/1.0", old, new)]  # checked first
-        async with _Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
+        async with Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
             prompt = await exchange.step(lines[0], cp.ReplyFrame)
             if not prompt.lines[-1].startswith("+"):
                 raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
@@ -865,7 +418,7 @@ class SMQPClient:
         client = scram.ScramClient(self.account or "", old, secrets.token_urlsafe(18))
         encode = lambda text: cp.render_line(base64.b64encode(text.encode()).decode())  # noqa: E731
         decode = lambda frame: base64.b64decode(frame.text).decode()  # noqa: E731
-        async with _Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
+        async with Exchange(self._main, "SET LOGIN PASSWORD") as exchange:
             prompt = await exchange.step(cp.render_line(f"SET LOGIN PASSWORD {scram.METHOD}/1.0"), cp.ReplyFrame)
             if prompt.lines[-1].strip() != "+":
                 raise cp.ServerProtocolError(f"SET LOGIN PASSWORD: no '+' prompt in {prompt.lines!r}")
@@ -914,7 +467,7 @@ class SMQPClient:
             raise ValueError("an SMQPS session's notify listener is TLS: pass ssl=<server-side SSLContext>")
         bind = listen_host or host or self._main.writer.get_extra_info("sockname")[0]
         before = set(self._notify_channels)
-        listener = await _start_server(self._accept_notify, bind, port, ssl)
+        listener = await start_server(self._accept_notify, bind, port, ssl)
         actual = listener.sockets[0].getsockname()[1]
         try:
             await self.command("SET", "NOTIFY", "PORT", str(actual), *([host] if host else []))
@@ -1018,8 +571,8 @@ class SMQPClient:
             note = await asyncio.wait_for(self._notifications.get(), timeout)
         else:  # without wait_for's task and timer: a consumer behind its window finds one waiting
             note = self._notifications.get_nowait()
-        if note is _CLOSED:
-            self._notifications.put_nowait(_CLOSED)  # for the next caller too
+        if note is CLOSED:
+            self._notifications.put_nowait(CLOSED)  # for the next caller too
             raise self._main.error or ConnectionError("connection closed")
         return note
 

@@ -29,7 +29,7 @@ import getpass
 import os
 import sys
 
-from gateway import client_protocol as cp
+from gateway.client import wire as cp
 from gateway.client import LOGIN_ATTRIBUTES, Message, Notification, SMQPClient, SMQPError
 
 AUTH_METHODS = ("CLEAR", "SCRAM-SHA-256")

@@ -12,7 +12,7 @@
 * :class:`Continuation` — a ``+ text`` line: the server wants the next piece
   of a multi-step exchange (SET LOGIN PASSWORD, 4.1.6.2.1);
 * :class:`NotifyFrame` — NOTIFY MESSAGE read by the server's own framing
-  rule (:class:`gateway.protocol.MessageFramer`: data counted by
+  rule (:class:`gateway.protocol.framing.MessageFramer`: data counted by
   Content-Length, ``.`` end), and the other NOTIFY kinds (TOPIC,
   SUBSCRIBERS, SERVER TIMEOUT/BYE) as attribute lines up to an empty line.
   A NOTIFY MESSAGE that is all in the buffer and plain, as the gateway
@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
-from gateway.protocol import (CONTROL_BYTES, DATA_HEADER_STARTS, LineBuffer, MessageFramer, Need, counted_length,
-                              data_header_fields, parse_header, render_body, render_lines, split_header)
+from gateway.protocol.framing import (CONTROL_BYTES, DATA_HEADER_STARTS, LineBuffer, MessageFramer, Need,
+                                      counted_length, data_header_fields, parse_header, split_header)
+from gateway.protocol.rendering import render_body, render_lines
 from schemas.events import Headers, Section
 
 ACK = b"310 ACK\r\n\r\n"
@@ -264,7 +265,7 @@ def _one_reply(lines: list[bytes]) -> bool:
 def _plain_lines(block: bytes | bytearray) -> list[str] | None:
     """``block`` as lines of text, when they are plain: separated by CRLF, with no other CR or
     LF, no control byte but TAB, valid UTF-8 (as each line then is).  CR and LF are among the
-    :data:`~gateway.protocol.CONTROL_BYTES`: deleted from a block of plain lines, those leave it
+    :data:`~gateway.protocol.framing.CONTROL_BYTES`: deleted from a block of plain lines, those leave it
     two bytes shorter per CRLF between them, and no shorter."""
     if len(block) - len(block.translate(None, CONTROL_BYTES)) != 2 * block.count(b"\r\n"):
         return None
@@ -275,7 +276,7 @@ def _plain_lines(block: bytes | bytearray) -> list[str] | None:
 
 
 def _plain_headers(lines: list[str]) -> Headers | None:
-    """What :func:`gateway.protocol.parse_header` makes of each line, which
+    """What :func:`gateway.protocol.framing.parse_header` makes of each line, which
     :func:`_plain_lines` has already checked for control bytes and UTF-8; None if it refuses one."""
     headers = []
     for line in lines:
@@ -296,7 +297,7 @@ def _plain_length(headers: Headers) -> int | None:
 class _PlainNotify:
     """Reads a NOTIFY MESSAGE frame at once, when all of it is in the buffer and plain.
 
-    What the gateway sends most is NOTIFY MESSAGE as :func:`gateway.protocol.render_notify`
+    What the gateway sends most is NOTIFY MESSAGE as :func:`gateway.protocol.rendering.render_notify`
     writes it: the NOTIFY line and header lines, an empty line, then sections (data header
     lines, an empty line, exactly Content-Length bytes, CRLF) and a ``.`` line.  A few finds
     and splits over the bytes read it, where the framer takes a dozen steps and a parse_header
