@@ -6,7 +6,7 @@ clients in one event loop log in to a scripted server (a child process on
 ``--messages`` 200-byte NOTIFY MESSAGEs as the gateway renders them, through
 the benchmark's adapter (``deploy.smqp_adapter``), acknowledging every one with
 ``310 ACK <smuid>``.  It prints the client process's CPU per delivery for each
-run and the median, so a change to ``gateway/client.py`` or
+run and the median, so a change to ``gateway/client/`` or
 ``gateway/client/wire.py`` is measured in seconds.  ``deploy.compare``
 measures the same path inside the whole system.
 

@@ -56,7 +56,7 @@ from deploy.broker import kafka_version
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats, summarize)
 from deploy.stack import cpu_seconds, peak_memory_mb, stopping_on_sigterm
-from gateway.server import GC_THRESHOLDS
+from gateway.server.main import GC_THRESHOLDS
 
 WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
 SYSTEMS = ("smqp", "rabbitmq")

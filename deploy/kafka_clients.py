@@ -65,7 +65,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from deploy.broker import kafka_version, scratch_broker
 from deploy.stack import stopping_on_sigterm
-from gateway.server import GC_THRESHOLDS
+from gateway.server.main import GC_THRESHOLDS
 from kafka_edge import Cluster, DurableLog, Tail
 from kafka_edge.tail import FETCH_MAX_BYTES
 from schemas.config import KafkaConfig

@@ -337,7 +337,7 @@ class Presence(_Event):
     """Gateway ``node`` has ``account`` logged in (``present``: its first login there started) or no
     longer (its last login there ended).
 
-    Every gateway folds these into one farm-wide map (``gateway.presence``), so a DELIVERY ONE
+    Every gateway folds these into one farm-wide map (``gateway.server.presence``), so a DELIVERY ONE
     message routed to an account logged in nowhere is handed on to a subscriber who is logged in.
     No ``accepted_at``: the job's clock is read from that field, and it ignores these events."""
 

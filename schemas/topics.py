@@ -155,7 +155,7 @@ def recipients(topic: str, accepted_at: int | None,
     No rule here follows virtual topics or asks the UAL: a publish or SUB MESSAGE through a virtual
     topic is recorded on its target by the gateway, so routing sees real topics only, and it goes
     by subscription alone.  The read right on what a subscription reaches is enforced by the gateway
-    before each NOTIFY (``gateway.server.Connection.send_next``), where the UAL of today applies."""
+    before each NOTIFY (``gateway.server.notifying.Notifying.send_next``), where the UAL of today applies."""
     reached = {account for pattern in candidate_patterns(topic) for account, since, until in subscribers(pattern)
                if account and admits(since, until, accepted_at)}
     if owner := account_topic_owner(topic):

@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, TopicPartition
 from deploy.broker import create_topics, free_port
 from gateway.accounts import hash_password
 from gateway.client import SMQPClient
-from gateway.server import Gateway
+from gateway.server.gateway import Gateway
 from schemas.config import SMQPConfig, load_config
 
 

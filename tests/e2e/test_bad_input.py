@@ -12,7 +12,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from gateway.client import SMQPClient
-from gateway.feeds import RawPublish
+from gateway.server.feeds import RawPublish
 from schemas.events import CreateTopic, Publish, decode
 from tests.e2e.stack import GatewayThread, create_smqp_topics, stack_config
 

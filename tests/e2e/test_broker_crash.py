@@ -72,7 +72,7 @@ class Subscriber:
     """Bob, consuming and acknowledging as a real client would, all through the outage.
 
     An ACK answered 503 was not made durable: the gateway then ends the login, the message stays
-    pending for the account (README, "Kafka unreachable"; gateway/server.py ``_ack_settled``),
+    pending for the account (README, "Kafka unreachable"; gateway/server/connection.py ``_ack_settled``),
     and bob logs in again and gets it again.  So a NOTIFY again is legitimate after a refused ACK
     (or one whose answer the closed connection took with it), never after a ``310``."""
 

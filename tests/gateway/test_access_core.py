@@ -5,8 +5,8 @@ The sessions run on the real :class:`gateway.registry.Registry` and :class:`gate
 
 from __future__ import annotations
 
-from gateway.book import SeenMessages
-from gateway.message_store import StoredMessage
+from gateway.server.book import SeenMessages
+from gateway.server.message_store import StoredMessage
 from gateway.protocol.actions import Durable
 from gateway.ual import AccessList
 from schemas.events import CreateTopic, Deliver

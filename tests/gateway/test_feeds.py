@@ -1,10 +1,10 @@
-"""The gateway's Kafka feeds against a real Kafka node (gateway.feeds)."""
+"""The gateway's Kafka feeds against a real Kafka node (gateway.server.feeds)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.feeds import open_commands_log, read_acks_since
+from gateway.server.feeds import open_commands_log, read_acks_since
 from kafka_edge import Cluster
 from schemas.events import Ack, Sync
 from tests.conftest import kafka_config

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.feeds import control_tail
+from gateway.server.feeds import control_tail
 from kafka_edge import Cluster
-from gateway.server import Gateway
+from gateway.server.gateway import Gateway
 from schemas.config import load_config
 
 

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from gateway.message_store import StoredMessage
+from gateway.server.message_store import StoredMessage
 from gateway.protocol.actions import ConnectNotify, Control, Send, Wake
 from gateway.protocol.arguments import parse_ranges
 from gateway.protocol.rendering import format_ranges

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from gateway.message_store import MessageStore
+from gateway.server.message_store import MessageStore
 from schemas.config import load_config
 from schemas.spark import MESSAGES_TABLE, TABLE_PROPERTIES, arrow_schema
 from streaming.sink import CommandSink

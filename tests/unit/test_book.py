@@ -1,6 +1,6 @@
 """The gateway's delivery book and per-login queues: order, two-phase ACK bookkeeping, replays."""
 
-from gateway.book import DeliveryBook, NotifyQueue
+from gateway.server.book import DeliveryBook, NotifyQueue
 from schemas.events import Acked, Deliver, Progress
 
 

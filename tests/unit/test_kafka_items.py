@@ -1,8 +1,8 @@
-"""What the gateway's tails make of each record before the loop sees it (gateway.feeds)."""
+"""What the gateway's tails make of each record before the loop sees it (gateway.server.feeds)."""
 
 from __future__ import annotations
 
-from gateway.feeds import RawDeliver, RawPublish, control_item, delivery_item
+from gateway.server.feeds import RawDeliver, RawPublish, control_item, delivery_item
 from schemas.events import Ack, Acked, Deliver, Publish, Section, Subscribe, Tick, decode
 
 

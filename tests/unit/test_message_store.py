@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from gateway.message_store import MessageStore, StoredMessage
+from gateway.server.message_store import MessageStore, StoredMessage
 from schemas.events import Deliver, Section
 from schemas.spark import MESSAGES_TABLE, TRASH_TABLE, arrow_schema
 

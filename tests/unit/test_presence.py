@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.presence import Arrived, Left, PresenceMap
+from gateway.server.presence import Arrived, Left, PresenceMap
 from gateway.registry import Registry
 from schemas.events import NodeReset, Presence, Subscribe, Sync, decode
 

@@ -1,7 +1,7 @@
 """The delivery book's per-topic queue sizes: distinct messages pending for some account, and their
 data bytes, as deliveries arrive and are acknowledged (what PUBLISH's queue limits read)."""
 
-from gateway.book import DeliveryBook
+from gateway.server.book import DeliveryBook
 from schemas.events import Acked, Deliver, Section
 
 
