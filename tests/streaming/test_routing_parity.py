@@ -48,11 +48,11 @@ class Case:
 
 
 def _paths(draw) -> st.SearchStrategy:
-    """A topic tree below the case's root (``""`` is the root itself), and account topics."""
-    tree = draw(st.lists(st.lists(st.sampled_from(LEVELS), max_size=3).map("/".join), min_size=1, max_size=4))
-    own = [("tree", path) for path in tree]
-    accounts = [("account", f"{name}{rest}") for name in ACCOUNTS for rest in ("", "/x")]
-    return st.sampled_from(own + accounts)
+    """A topic tree below the case's root (``""`` is the root itself), and account topics and a child of each."""
+    tree = draw(st.lists(st.lists(st.sampled_from(LEVELS), max_size=2).map("/".join), min_size=1, max_size=3))
+    own = st.sampled_from([("tree", path) for path in tree])
+    accounts = st.sampled_from([("account", f"{name}{rest}") for name in ACCOUNTS for rest in ("", "/x")])
+    return st.one_of(own, own, accounts)
 
 
 @st.composite
@@ -60,12 +60,13 @@ def cases(draw) -> Case:
     paths = _paths(draw)
     accounts = st.sampled_from(ACCOUNTS)
     pattern = st.tuples(paths, st.booleans())  # (path, wildcard)
-    bound = st.one_of(st.none(), INSTANTS)
+    bound = st.one_of(st.none(), st.none(), INSTANTS)
     subscribe = st.tuples(st.just("sub"), accounts, pattern, bound, bound)
-    unsubscribe = st.tuples(st.just("unsub"), accounts, st.one_of(pattern, st.just("everything")))
+    unsubscribe = st.tuples(st.just("unsub"), accounts, st.one_of(pattern, pattern, pattern, st.just("everything")))
     publish = st.tuples(st.just("pub"), paths, INSTANTS)
     prior = draw(st.lists(st.one_of(subscribe, subscribe, unsubscribe), max_size=4))
-    batch = draw(st.lists(st.one_of(subscribe, subscribe, unsubscribe, publish, publish), min_size=1, max_size=12))
+    batch = draw(st.lists(st.one_of(subscribe, subscribe, subscribe, unsubscribe, publish, publish, publish),
+                           min_size=3, max_size=12))
     return Case(tuple(prior), tuple(batch))
 
 
