@@ -58,6 +58,8 @@ def _paths(draw) -> st.SearchStrategy:
 
 @st.composite
 def cases(draw) -> Case:
+    """One :class:`Case`: (un)subscribes with wildcards and SINCE/UNTIL, publishes to its tree, account
+    topics and their children (reached by their owner, by nobody, or through several patterns)."""
     paths = _paths(draw)
     accounts = st.sampled_from(ACCOUNTS)
     pattern = st.tuples(paths, st.booleans())  # (path, wildcard)
