@@ -452,6 +452,34 @@ def _command_fields(value: bytes | None) -> dict:
     return decoded if isinstance(decoded, dict) else {}
 
 
+def in_log_order(records: pa.Table, floors: dict[int, int]) -> tuple[pa.Table, dict[int, int]]:
+    """``records`` with each partition's timestamps made non-decreasing in offset order, from
+    ``floors`` (the last timestamp, in µs, of each partition's previous batch); and the new floors.
+
+    Why: the routing orders commands by ``seq`` (timestamp, partition, offset), so that several
+    commands partitions merge by time. But a record's timestamp is its gateway's clock: a PUBLISH
+    one gateway appends just after another gateway's SUBSCRIBE may carry an earlier time, and was
+    routed as if it came first, reaching nobody, where the gateways' fold (in offset order) routed
+    it to the subscriber. Within a partition the log's order is the truth (Property 2), so a
+    timestamp is raised to the latest before it there; across partitions time still merges them.
+    ``tests/streaming/test_routing_parity.py`` proves the two routings equal on skewed clocks."""
+    if not records.num_rows:
+        return records, floors
+    column = records.column("timestamp").combine_chunks()
+    stamps = pc.cast(column, pa.int64()).to_pylist()
+    partitions, offsets = records.column("partition").to_pylist(), records.column("offset").to_pylist()
+    raised, floors = list(stamps), dict(floors)
+    for row in sorted(range(records.num_rows), key=lambda i: (partitions[i], offsets[i])):
+        floor = floors.get(partitions[row])
+        if stamps[row] is not None:
+            raised[row] = stamps[row] if floor is None else max(stamps[row], floor)
+            floors[partitions[row]] = raised[row]
+    if raised == stamps:
+        return records, floors
+    index = records.schema.get_field_index("timestamp")
+    return records.set_column(index, records.schema.field(index), pa.array(raised, pa.int64()).cast(column.type)), floors
+
+
 def decode_records(records: pa.Table) -> pa.Table:
     """A batch's Kafka records (``KAFKA_RECORD`` columns) as :data:`routing.EVENTS` rows, one per record:
     the sink's own :func:`routing.decoded_records_sql`.
@@ -677,6 +705,7 @@ class CommandSink:
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
+        self._log_floors: dict[int, int] = {}  # per commands partition, its last record's time (:func:`in_log_order`)
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
         # told, after each commit, when the deliveries it routed expire (µs): the job's ticker
@@ -1204,11 +1233,12 @@ WHERE {alive}({matches})
         if self._done("subscriptions", batch_id):
             log.info("batch %d: already committed, skipped", batch_id)
             return
-        records = batch_df.toArrow()
+        records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
         self.sweep_trash(batch_now(records))  # retention, here: the one thread that writes the trash table
         if _nothing_to_route(records) and not self.expiry_candidates(batch_now(records)).num_rows:
             # Nothing to route and nothing expires: no Spark job, no commit; just the progress.
             self._flush(self._progress({str(r["partition"]): r["end"] for r in _progress(records)}))
+            self._log_floors = floors
             return
         routed_at = datetime.now(timezone.utc)
         out = self.outputs(batch_df, batch_id, routed_at, records)
@@ -1216,6 +1246,7 @@ WHERE {alive}({matches})
         computed = time.monotonic()
         progress = out["progress"].to_pylist()
         if not progress:
+            self._log_floors = floors
             return
         futures = self._emit(_by_seq(out["deliver"])) + self._emit_acked(_by_seq(out["acked"]))
         if out["expired"].num_rows or subscribes(records):
@@ -1230,6 +1261,7 @@ WHERE {alive}({matches})
         committed = time.monotonic()
         futures += self._progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
+        self._log_floors = floors
         done = time.monotonic()
         log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d receipts, "
                  "%d ms (spark %d, delta %d); routing query: plan %d ms, run %d ms",
