@@ -97,6 +97,17 @@ class Router:
         self.stop()
 
 
+async def book_holds(gateway: GatewayThread, account: str, count: int, timeout: float = 60) -> None:
+    """Wait until ``gateway``'s delivery book holds ``count`` deliveries pending for ``account``.
+
+    The event a test waits for before a RESUME or a login that must find a whole backlog: the
+    gateway has read every delivery (routed early from its fold, or from the job's records)."""
+    deadline = time.monotonic() + timeout
+    while (held := gateway.gateway.book.pending_count(account)) < count:
+        assert time.monotonic() < deadline, f"{account} has {held} of {count} deliveries in the book"
+        await asyncio.sleep(0.02)
+
+
 async def create_smqp_topics(address: tuple[str, int], *topics: str) -> None:
     """CREATE TOPIC each of ``topics`` as guest (they must exist before PUB/SUB)."""
     async with await SMQPClient.open(*address) as admin:

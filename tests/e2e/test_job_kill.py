@@ -61,7 +61,7 @@ def test_sigkill_of_the_streaming_job_mid_stream(broker, tmp_path):
                         await note.ack()
                         got.append(note.smuid)
                 await asyncio.to_thread(job.kill)  # mid-stream: ACKs keep going to Kafka meanwhile
-                await asyncio.sleep(1)
+                await asyncio.sleep(1)  # time itself: the job stays down while ACKs go on
                 await asyncio.to_thread(job.start)
                 deadline = time.monotonic() + 240
                 while len(got) < 100 and time.monotonic() < deadline:

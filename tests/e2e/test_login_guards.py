@@ -67,7 +67,7 @@ def test_a_correct_password_is_refused_no_longer_than_login_throttle_s(broker, t
                 assert (await raw_login(gateway.address, "ann", "guess")).startswith(b"401 Unauthorized (password")
             assert await raw_login(gateway.address, "ann", "s3cret") == \
                 b"401 Unauthorized (too many failed logins; try again later)"
-            await asyncio.sleep(1.6)
+            await asyncio.sleep(1.6)  # time itself: the throttle (login_throttle_s) runs out
             assert await raw_login(gateway.address, "ann", "s3cret") == b"200-OK"
         asyncio.run(scenario())
 

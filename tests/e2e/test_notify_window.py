@@ -17,20 +17,20 @@ from deploy.broker import KafkaBroker, free_port
 from gateway.client import SMQPClient, SMQPError
 from gateway.replies import SERVICE_UNAVAILABLE
 from tests.e2e.proxy import KafkaProxy
-from tests.e2e.stack import GatewayThread, Router, create_smqp_topics, hashed, stack_config
+from tests.e2e.stack import GatewayThread, Router, book_holds, create_smqp_topics, hashed, stack_config
 from tests.e2e.test_queue_semantics import table_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # bounded; a loaded 2-core machine takes minutes
 
 
-async def stored(client: SMQPClient, topic: str, count: int) -> None:
-    """Wait until the job has stored (so routed) ``count`` messages of ``topic``, and a little
-    more for the gateway to read their deliveries."""
+async def stored(client: SMQPClient, topic: str, count: int, gateway: GatewayThread, account: str) -> None:
+    """Wait until the job has stored (so routed) ``count`` messages of ``topic``, and ``gateway`` has
+    read their deliveries to ``account``."""
     for _ in range(480):
         if await client.count_messages(topic) >= count:
             break
         await asyncio.sleep(0.25)
-    await asyncio.sleep(1)
+    await book_holds(gateway, account, count)
 
 
 async def receive(client: SMQPClient, count: int, timeout: float = 60) -> list:
@@ -61,7 +61,8 @@ def test_a_window_100_subscriber_gets_100_before_acknowledging_then_each_message
     config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
     total = 300
 
-    async def scenario(address):
+    async def scenario(gateway):
+        address = gateway.address
         await create_smqp_topics(address, "/w/backlog")
         async with await SMQPClient.open(*address, "sub", "s") as sub, \
                 await SMQPClient.open(*address, "pub", "p") as pub:
@@ -69,7 +70,7 @@ def test_a_window_100_subscriber_gets_100_before_acknowledging_then_each_message
             await sub.set_notify_window(100)
             await sub.suspend()  # a backlog builds up
             published = [await pub.publish("/w/backlog", f"m{i}") for i in range(total)]
-            await stored(pub, "/w/backlog", total)
+            await stored(pub, "/w/backlog", total, gateway, "sub")
             await sub.resume()
             first = await receive(sub, 100)  # none acknowledged yet
             with pytest.raises(asyncio.TimeoutError):
@@ -81,7 +82,7 @@ def test_a_window_100_subscriber_gets_100_before_acknowledging_then_each_message
             return published, [note.smuid for note in first + rest]
 
     with Router(spark, config), GatewayThread(config) as gateway:
-        published, received = asyncio.run(scenario(gateway.address))
+        published, received = asyncio.run(scenario(gateway))
         assert gateway.gateway.metrics.frames_out.get("NOTIFY MESSAGE") == total  # each sent once
         deliveries = acked_rows(config, published)
     assert sorted(received) == sorted(published)
@@ -126,13 +127,14 @@ def test_a_windowed_subscriber_drains_a_backlog_exactly_once_across_a_reconnect(
     config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
     total = 400
 
-    async def scenario(address):
+    async def scenario(gateway):
+        address = gateway.address
         await create_smqp_topics(address, "/w/drain")
         async with await SMQPClient.open(*address, "sub", "s") as sub:
             await sub.subscribe("/w/drain")
         async with await SMQPClient.open(*address, "pub", "p") as pub:
             published = [await pub.publish("/w/drain", f"m{i}") for i in range(total)]
-            await stored(pub, "/w/drain", total)
+            await stored(pub, "/w/drain", total, gateway, "sub")
         sub = await SMQPClient.open(*address, "sub", "s")
         await sub.set_notify_window(100)
         acknowledged = await receive(sub, 100)  # the window's worth, then room for more
@@ -152,7 +154,7 @@ def test_a_windowed_subscriber_drains_a_backlog_exactly_once_across_a_reconnect(
                 [n.smuid for n in second])
 
     with Router(spark, config), GatewayThread(config) as gateway:
-        published, acknowledged, unacknowledged, second = asyncio.run(scenario(gateway.address))
+        published, acknowledged, unacknowledged, second = asyncio.run(scenario(gateway))
         deliveries = acked_rows(config, published)
     assert not set(acknowledged) & set(second)  # nothing acknowledged comes back
     assert set(unacknowledged) <= set(second)  # what was in flight does
@@ -167,7 +169,8 @@ def test_the_window_applies_on_the_notification_port(broker, spark, tmp_path):
     config = stack_config(broker, tmp_path, accounts=hashed(sub="s", pub="p"))
     total = 60
 
-    async def scenario(address):
+    async def scenario(gateway):
+        address = gateway.address
         await create_smqp_topics(address, "/w/port")
         async with await SMQPClient.open(*address, "sub", "s") as sub, \
                 await SMQPClient.open(*address, "pub", "p") as pub:
@@ -176,7 +179,7 @@ def test_the_window_applies_on_the_notification_port(broker, spark, tmp_path):
             await sub.notify_port()
             await sub.suspend()
             published = [await pub.publish("/w/port", f"m{i}") for i in range(total)]
-            await stored(pub, "/w/port", total)
+            await stored(pub, "/w/port", total, gateway, "sub")
             await sub.resume()
             first = await receive(sub, 20)
             with pytest.raises(asyncio.TimeoutError):
@@ -187,7 +190,7 @@ def test_the_window_applies_on_the_notification_port(broker, spark, tmp_path):
             return published, [note.smuid for note in first + rest], on_port
 
     with Router(spark, config), GatewayThread(config) as gateway:
-        published, received, on_port = asyncio.run(scenario(gateway.address))
+        published, received, on_port = asyncio.run(scenario(gateway))
         assert gateway.gateway.metrics.frames_out.get("NOTIFY MESSAGE") == total
         deliveries = acked_rows(config, published)
     assert on_port

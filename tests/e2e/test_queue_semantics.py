@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from gateway.client import SMQPClient
-from tests.e2e.stack import GatewayThread, Router, create_smqp_topics, hashed, stack_config
+from tests.e2e.stack import GatewayThread, Router, book_holds, create_smqp_topics, hashed, stack_config
 
 pytestmark = pytest.mark.e2e
 
@@ -23,13 +23,13 @@ def engine(broker, spark, tmp_path):
     config = stack_config(broker, tmp_path)
     with Router(spark, config), GatewayThread(config) as gateway:
         asyncio.run(create_smqp_topics(gateway.address, "/q/work", "/q/mouse"))
-        yield gateway.address
+        yield gateway
 
 
 def test_a_high_priority_message_overtakes_the_waiting_backlog(engine):
     """2002 revision: higher priorities are sent first, FIFO within one."""
     async def scenario():
-        async with await SMQPClient.open(*engine) as sub, await SMQPClient.open(*engine) as pub:
+        async with await SMQPClient.open(*engine.address) as sub, await SMQPClient.open(*engine.address) as pub:
             await sub.subscribe("/q/work")
             await sub.suspend()  # the backlog builds up while nothing is sent
             backlog = [await pub.publish("/q/work", f"low {i}", headers=[("Priority", "1")]) for i in range(20)]
@@ -38,7 +38,7 @@ def test_a_high_priority_message_overtakes_the_waiting_backlog(engine):
                 if await pub.count_messages("/q/work") == 21:
                     break
                 await asyncio.sleep(0.25)
-            await asyncio.sleep(1)  # and the gateway has read their deliveries
+            await book_holds(engine, "guest", 21)  # and the gateway has read their deliveries
             await sub.resume()
             got = []
             for _ in range(21):
@@ -53,7 +53,7 @@ def test_a_high_priority_message_overtakes_the_waiting_backlog(engine):
 def test_non_guaranteed_messages_need_no_acknowledgements(engine):
     """GUARANTEE NO: no reply to the PUB, no ACK of the NOTIFY; guaranteed traffic flows past."""
     async def scenario():
-        async with await SMQPClient.open(*engine) as sub, await SMQPClient.open(*engine) as pub:
+        async with await SMQPClient.open(*engine.address) as sub, await SMQPClient.open(*engine.address) as pub:
             await sub.subscribe("/q/mouse")
             for i in range(5):
                 await pub.publish_unguaranteed("/q/mouse", f"move {i}")
@@ -280,7 +280,7 @@ def test_a_job_restart_with_deliveries_in_flight_ends_every_message_once_acknowl
                 await note.ack()
                 seen.append(note.smuid)
             await asyncio.to_thread(router.stop)  # in flight: bad's retries, good's next NOTIFYs
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # time itself: the job stays down while those fall due
             await asyncio.to_thread(router.start)
             while len(seen) < total:
                 note = await good.next_notification(120)

@@ -111,6 +111,18 @@ def logged_out(gateway, account: str, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
+def read_and_kept(gateway, account: str, smuid: int, timeout: float = 10) -> None:
+    """Wait until ``gateway`` has read ``account``'s delivery of ``smuid`` into its book, and check
+    that it decided there to hand it on to nobody (the decision is made as the delivery is read;
+    its NACK, if any, would follow in Kafka)."""
+    deadline = time.monotonic() + timeout
+    while not gateway.gateway.book.knows(account, smuid):
+        assert time.monotonic() < deadline, f"{account}'s {smuid} never read"
+        time.sleep(0.02)
+    gateway.call(asyncio.sleep(0))  # a turn of the gateway's loop: the callback that read it has ended
+    assert smuid not in gateway.gateway.handed_on.get(account, ())
+
+
 def test_a_login_here_takes_over_what_is_locked_to_an_account_logged_in_nowhere(farm):
     """A ONE message locked to ann while nobody who could take it is logged in waits for ann;
     once cat (subscribed, logged out) logs in here, it is handed on."""
@@ -118,7 +130,7 @@ def test_a_login_here_takes_over_what_is_locked_to_an_account_logged_in_nowhere(
     gateway.call(bob.close())
     logged_out(gateway, "bob")
     write(config.kafka.deliveries_topic, deliver("ann", 401))
-    time.sleep(1.5)  # read, and nobody here could take it
+    read_and_kept(gateway, "ann", 401)  # nobody here could take it
     assert handed_on(config, "ann", 401) == []
     cat = gateway.call(SMQPClient.open(*gateway.address, "cat", "c"))  # subscribed to /q/jobs already
     try:
@@ -137,7 +149,7 @@ def test_a_login_here_that_subscribes_takes_over_what_is_locked_to_an_account_lo
     try:
         logged_out(gateway, "bob")
         write(config.kafka.deliveries_topic, deliver("ann", 501))
-        time.sleep(1.5)  # read, and nobody here could take it
+        read_and_kept(gateway, "ann", 501)  # nobody here could take it
         assert handed_on(config, "ann", 501) == []
         gateway.call(dan.subscribe("/q/jobs"))
         [nack] = wait_for_nack(config, "ann", 501)
