@@ -200,6 +200,64 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True)
+class LinkConfig:
+    """One peer farm this farm links to (spec 2.3), a ``[[federation.links]]`` table.
+
+    The link process (``federation/``) is an SMQP client of the peer: it logs in there as ``account``
+    (an account of the peer, whose UAL on the peer decides what this farm may read) and subscribes to
+    what this farm's subscribers want, so the peer forwards to it what their ``Depth`` allows.
+    Passwords are never in the file: ``password_env`` names the environment variable holding it."""
+
+    domain: str  # the peer's domain: its [federation] domain (or [gateway] server_host)
+    address: str  # "host:port" of one of the peer's gateways (its SMQPS port when ``tls``)
+    account: str = ""  # the peer's account this farm logs in as for forwarding; "" = guest
+    password_env: str = ""  # environment variable with that account's password ("" = "guest")
+    tls: bool = False  # SMQPS to the peer
+    tls_ca: str = ""  # PEM CA bundle verifying the peer's certificate ("" = the system's)
+    # a remote virtual topic (CREATE TOPIC /x > <domain>/y) pulls as the creating account when it is
+    # named here (local account -> environment variable with its password on the peer), else as guest
+    # (spec 4.1.3: "either the current account or guest")
+    accounts: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        host, colon, port = self.address.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"[[federation.links]] {self.domain!r}: address must be host:port, not {self.address!r}")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.address.rpartition(":")
+        return host, int(port)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Linked farms (spec 2.3): this farm's domain, the peers that log in here, the links it keeps."""
+
+    domain: str = ""  # this farm's domain, prefixed to what it forwards; "" = [gateway] server_host
+    # account -> domain: sessions of these accounts are other farms' links.  What they subscribe to
+    # reaches them only as a message's Depth and Hops allow (schemas.topics.forwards)
+    peers: Mapping[str, str] = field(default_factory=dict)
+    links: tuple[LinkConfig, ...] = ()  # the peers this farm links to ([[federation.links]])
+    node_id: int = 1022  # the link process's part of the SMUIDs it gives forwarded messages here
+    status_port: int = 0  # the link process's HTTP /metrics; 0 = off
+    retry_initial_s: float = 0.5  # a link that cannot reach its peer retries after this, doubling
+    retry_max_s: float = 30.0  # up to this
+
+    def __post_init__(self) -> None:
+        links = tuple(link if isinstance(link, LinkConfig) else LinkConfig(**link) for link in self.links)
+        object.__setattr__(self, "links", links)
+        object.__setattr__(self, "peers", {account.lower(): domain.lower() for account, domain in self.peers.items()})
+        domains = [link.domain.lower() for link in links]
+        if len(set(domains)) != len(domains):
+            raise ValueError(f"[[federation.links]]: a domain is linked twice in {domains}")
+
+    def link(self, domain: str) -> LinkConfig | None:
+        """The link to ``domain`` (any case), or None."""
+        return next((link for link in self.links if link.domain.lower() == domain.lower()), None)
+
+
+@dataclass(frozen=True)
 class SMQPConfig:
     data_dir: str = "smqp-data"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
@@ -207,6 +265,7 @@ class SMQPConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
     # account name -> password hash (see gateway.accounts.hash_password)
     accounts: Mapping[str, str] = field(default_factory=dict)
     # topic -> action -> account names: the User Access Lists (see gateway.ual)
@@ -218,6 +277,11 @@ class SMQPConfig:
         from schemas.queue_params import TopicSettings
 
         TopicSettings(self.topics)  # a bad [topics."/…"] entry fails at start-up, naming itself
+
+    @property
+    def domain(self) -> str:
+        """This farm's domain (spec 2.3), lower case: ``[federation] domain``, else ``[gateway] server_host``."""
+        return (self.federation.domain or self.gateway.server_host).lower()
 
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""

@@ -150,6 +150,14 @@ class Publish(_Event):
     # DELIVERY (2002): "all" subscribers, or "one" of them; the topic's mode (SET TOPIC DELIVERY,
     # else its configured one) overrides the message's Delivery attribute
     delivery: str = "all"
+    # Federation (spec 2.3, DEPTH and the 2002 HOPS): how many more farms the message may be forwarded
+    # to (0: none, -1: no limit), the domains it already passed (oldest first; empty for a local
+    # publish), and for a message another farm forwarded, its SMUID there ("b.example/123") and its
+    # topic there with that domain ("b.example/stocks/ibm"), which NOTIFY MESSAGE shows.
+    depth: int = 0
+    hops: list[str] = field(default_factory=list)
+    origin: str | None = None
+    origin_topic: str | None = None
 
 
 @dataclass
@@ -411,6 +419,11 @@ class Deliver(_Event):
     # when the message dies (microseconds; None: a state message, or a record without it): a gateway
     # never NOTIFYs it from then on, nor sends it again, without waiting for the job's Acked
     expires_at: int | None = None
+    # the message's federation fields, as on its :class:`Publish`
+    depth: int = 0
+    hops: list[str] = field(default_factory=list)
+    origin: str | None = None
+    origin_topic: str | None = None
 
     def expired(self, now: int) -> bool:
         """Whether the message's expiry time has passed at ``now`` (microseconds)."""

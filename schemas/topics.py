@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
 
 MAX_LEVEL_LENGTH = 32
 TRASH = "trash"
@@ -142,8 +143,17 @@ def admits(since: int | None, until: int | None, accepted_at: int | None) -> boo
     return (since is None or since <= accepted_at) and (until is None or accepted_at < until)
 
 
+def forwards(peer_domain: str, depth: int, hops: Iterable[str]) -> bool:
+    """Whether a message may go on to the peer farm ``peer_domain`` (spec 2.3): its ``depth`` (how many
+    more farms it may reach; 0 none, -1 no limit) is not spent, and it has not passed that farm
+    already (``hops``, the 2002 HOPS attribute).  A message that passed it by another route is
+    dropped there too, by its origin SMUID (``federation``)."""
+    return depth != 0 and peer_domain.lower() not in {hop.lower() for hop in hops}
+
+
 def recipients(topic: str, accepted_at: int | None,
-               subscribers: Callable[[str], Iterable[tuple[str, int | None, int | None]]]) -> set[str]:
+               subscribers: Callable[[str], Iterable[tuple[str, int | None, int | None]]],
+               depth: int = 0, hops: Iterable[str] = (), peers: Mapping[str, str] = MappingProxyType({})) -> set[str]:
     """The accounts a DELIVERY ALL message of canonical ``topic`` accepted at ``accepted_at`` reaches:
     each account subscribed to one of its :func:`candidate_patterns` whose SINCE/UNTIL admit it
     (``subscribers(pattern)``: its (account, since, until)), and the owner of an account topic.
@@ -160,7 +170,25 @@ def recipients(topic: str, accepted_at: int | None,
                if account and admits(since, until, accepted_at)}
     if owner := account_topic_owner(topic):
         reached.add(owner)
+    if peers:  # another farm's link (``[federation] peers``) gets what may be forwarded to it only
+        hops = tuple(hops)
+        reached = {account for account in reached if account not in peers or forwards(peers[account], depth, hops)}
     return reached
+
+
+_DOMAIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?$")
+
+
+def remote_target(target: str) -> tuple[str, str] | None:
+    """``b.example/stocks/ibm`` → ``("b.example", "/stocks/ibm")`` (domain lower case, topic canonical):
+    a virtual topic's target on another farm (spec 4.1.3).  None for a local target (``/…``); a bad
+    domain or topic raises :class:`TopicError`."""
+    if target.startswith("/"):
+        return None
+    domain, slash, path = target.partition("/")
+    if not slash or not _DOMAIN.match(domain):
+        raise TopicError(target, "a remote target is <domain>/<topic>")
+    return domain.lower(), canonical("/" + path)
 
 
 def is_account_topic(topic: str) -> bool:
