@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Union
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, NamedTuple, Union
 
 from gateway.replies import CONFLICT, NOT_ALLOWED, NOT_FOUND, RESOURCE_TOO_LARGE, Reply
 from schemas.events import (
@@ -38,7 +39,7 @@ from schemas.events import (
     Watch,
 )
 from schemas.topics import (account_topic_owner, admits, ancestors, candidate_patterns, covers, is_account_topic, parent,
-                            parse_pattern, recipients)
+                            parse_pattern, recipients, remote_target, TopicError)
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"
@@ -55,6 +56,22 @@ class Topic:
     target: str | None = None
     removed: bool = False
     delivery: str | None = None  # SET TOPIC DELIVERY: "all" | "one"; None: not set
+    linked_by: str | None = None  # a remote link's creating account: the link process pulls as it
+
+    @property
+    def remote(self) -> bool:
+        """A virtual topic on another farm (``> b.example/stocks/ibm``, spec 4.1.4): its messages are
+        pulled by the link process and stored here, on the virtual topic itself."""
+        return self.target is not None and not self.target.startswith("/")
+
+
+class RemoteLink(NamedTuple):
+    """A live remote virtual topic, as the link process pulls it (:meth:`Registry.remote_links`)."""
+
+    topic: str  # the local virtual topic, e.g. /quotes/ibm, where the pulled messages are published
+    domain: str  # the farm it links to, e.g. b.example (a [[federation.links]] domain)
+    remote_path: str  # the topic there, e.g. /stocks/ibm
+    account: str  # the account that created it: the pull logs in as it when the link names it, else as guest
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,14 @@ class ServerTimeoutChanged:
 
 
 Change = Union[TopicChanged, SubscribersChanged, ServerTimeoutChanged]
+
+
+def _remote(target: str) -> tuple[str, str] | None:
+    """(domain, topic) of a remote link target, None when it is not one (a bad one in the log included)."""
+    try:
+        return remote_target(target)
+    except TopicError:
+        return None
 
 
 @dataclass
@@ -149,7 +174,10 @@ class Registry:
             return Reply.error(NOT_ALLOWED, "account topics are created with their accounts"), []
         if self.live(path):
             return Reply.error(CONFLICT, f"{path} exists"), []
-        if event.target is not None:
+        remote = event.target is not None and not event.target.startswith("/")
+        if remote and _remote(event.target) is None:
+            return Reply.error(NOT_ALLOWED, f"topic link bad: {event.target} is not <domain>/<topic>"), []
+        if event.target is not None and not remote:  # a remote one the gateway checked with its farm
             if is_account_topic(event.target):  # as the gateway refuses it; never a way in to one
                 return Reply.error(NOT_ALLOWED, "topic link bad: an account topic is never a link target"), []
             target = self.topics.get(event.target)
@@ -165,7 +193,8 @@ class Registry:
         for created in missing:
             last = created == path
             self.topics[created] = Topic(created, tuple(event.keywords) if last else (),
-                                         event.target if last else None)
+                                         event.target if last else None,
+                                         linked_by=event.account if last and remote else None)
             changes.append(TopicChanged(created, "ADDED"))
         return Reply.ok(), changes
 
@@ -357,9 +386,25 @@ class Registry:
         if not self.live(path):
             return None
         topic = self.topics.get(path)
-        if topic is None or topic.target is None:
+        if topic is None or topic.target is None or topic.remote:  # a remote link's messages are stored on it
             return path
         return topic.target if self.live(topic.target) else None
+
+    def remote_link(self, path: str) -> bool:
+        """``path`` is a live virtual topic on another farm (PUB to it is refused)."""
+        topic = self.topics.get(path)
+        return topic is not None and topic.remote and not topic.removed
+
+    def remote_links(self) -> list[RemoteLink]:
+        """Every live remote virtual topic, by path: what the link process pulls (it folds a registry
+        of its own and calls this after each change)."""
+        links = []
+        for path in sorted(self.topics):
+            topic = self.topics[path]
+            if topic.remote and not topic.removed:
+                domain, remote_path = _remote(topic.target)
+                links.append(RemoteLink(path, domain, remote_path, topic.linked_by or ""))
+        return links
 
     def readable(self, path: str) -> bool:
         """Messages can be listed and read: a live topic, or a removed one until its last
@@ -420,11 +465,13 @@ class Registry:
         return (any(pattern in self._by_pattern for pattern in candidate_patterns(topic))
                 or account_topic_owner(topic) is not None)
 
-    def recipients(self, topic: str, accepted_at: int) -> list[str]:
+    def recipients(self, topic: str, accepted_at: int, depth: int = 0, hops: Iterable[str] = (),
+                   peers: Mapping[str, str] = MappingProxyType({})) -> list[str]:
         """The accounts the job routes a DELIVERY ALL message of canonical ``topic`` accepted at
         ``accepted_at`` (microseconds) to, as far as the fold has got (:func:`schemas.topics.recipients`,
-        the job's rule)."""
-        return sorted(recipients(topic, accepted_at, self._subscribers_of))
+        the job's rule): another farm's link (an account of ``peers``, ``[federation] peers``) only
+        when the message's ``depth`` and ``hops`` let it go there."""
+        return sorted(recipients(topic, accepted_at, self._subscribers_of, depth=depth, hops=hops, peers=peers))
 
     def _subscribers_of(self, pattern: str) -> list[tuple[str, int | None, int | None]]:
         """(account, since, until) of each subscription to exactly ``pattern``."""

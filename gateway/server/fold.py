@@ -151,7 +151,8 @@ class RegistryFold:
         will route it to; the job's ``Deliver`` of it then finds it in the book and is ignored.
         Only once the book is complete (``handing_on``), only for publishes the job has not
         committed (past its progress), and only with one commands partition, which keeps each
-        ACK after its publish in the job's input.  Messages already expired, and DELIVERY ONE
+        ACK after its publish in the job's input.  Another farm's link (``[federation] peers``) is
+        a recipient only when the message's Depth and Hops let it go there, the job's rule too.  Messages already expired, and DELIVERY ONE
         (the job picks the subscriber), are left to the job."""
         if (not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0)
                 or not self.registry.may_reach(raw.topic)):  # most publishes: decoded by nobody here
@@ -163,11 +164,13 @@ class RegistryFold:
         if publish.delivery != "all" or (publish.expires_at is not None and publish.expires_at <= to_micros(
                 datetime.now(timezone.utc))):
             return
-        for account in self.registry.recipients(publish.topic, publish.accepted_at):
+        for account in self.registry.recipients(publish.topic, publish.accepted_at, publish.depth, publish.hops,
+                                                self.config.federation.peers):
             deliver = self.book.speculate(Deliver(
                 account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
                 publish.accepted_at, publish.priority, publish.headers, publish.sections,
-                expires_at=publish.expires_at))
+                expires_at=publish.expires_at, depth=publish.depth, hops=list(publish.hops),
+                origin=publish.origin, origin_topic=publish.origin_topic))
             if deliver is not None:
                 self.metrics.routed_early.inc()
                 self._offer(deliver)

@@ -52,6 +52,8 @@ COLUMNS = ["smuid", "cmuid", "publisher", "publisher_guid", "priority", "headers
 TRASH_COLUMNS = ["smuid", "cmuid", "publisher", "headers", "sections", "reason", "trashed_at"]
 #: … and what only its ``messages`` row knows.
 ORIGIN_COLUMNS = ["smuid", "publisher_guid", "priority", "accepted_at"]
+#: A forwarded message's route (issue 33), read when the table has these columns (older ones do not).
+FEDERATION_COLUMNS = ["depth", "hops", "origin", "origin_topic"]
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,17 @@ class StoredMessage:
     sections: list[Section]
     trash_reason: str | None = None  # read from the topic's Trash: why it died ("expired", …)
     trashed_at: int | None = None  # and when: microseconds, the job's clock of that batch
+    # the federation fields of :class:`schemas.events.Publish` (a table without them: a local message)
+    depth: int = 0
+    hops: tuple[str, ...] = ()
+    origin: str | None = None
+    origin_topic: str | None = None
 
     def to_deliver(self, account: str) -> Deliver:
         """This message as a :class:`Deliver` to ``account`` (to render it like a NOTIFY)."""
         return Deliver(account, self.smuid, self.topic, self.cmuid, self.publisher, self.publisher_guid,
-                       self.accepted_at, self.priority, list(self.headers), list(self.sections))
+                       self.accepted_at, self.priority, list(self.headers), list(self.sections),
+                       depth=self.depth, hops=list(self.hops), origin=self.origin, origin_topic=self.origin_topic)
 
 
 def _headers(value: list | None) -> Headers:
@@ -119,6 +127,10 @@ def _stored(row: dict, topic: str, origin: dict) -> StoredMessage:
         sections=[_section(s) for s in row["sections"] or ()],
         trash_reason=row.get("reason"),
         trashed_at=row.get("trashed_at"),
+        depth=origin.get("depth") or 0,
+        hops=tuple(origin.get("hops") or ()),
+        origin=origin.get("origin"),
+        origin_topic=origin.get("origin_topic"),
     )
 
 
@@ -128,6 +140,13 @@ def _live(rows: pa.Table, now: int, trashed: pa.Array) -> pa.ChunkedArray:
     expires = _micros(rows.column("expires_at"))
     unexpired = pc.or_kleene(pc.is_null(expires), pc.greater(expires, pa.scalar(now, pa.int64())))
     return pc.and_(pc.fill_null(unexpired, False), pc.invert(pc.is_in(rows.column("smuid"), value_set=trashed)))
+
+
+def _present(table: DeltaTable, names: list[str]) -> list[str]:
+    """Those of ``names`` that are columns of ``table`` (a table the job wrote before a column was
+    added has not got it)."""
+    have = {field.name for field in table.schema().fields}
+    return [name for name in names if name in have]
 
 
 def _unique(rows: pa.Table) -> list[dict]:
@@ -176,7 +195,7 @@ class MessageStore:
         owner = trash_of(topic)
         if owner is not None:
             return self.trashed(owner)
-        rows = self._topic_rows(topic, COLUMNS, now)
+        rows = self._topic_rows(topic, COLUMNS, now, optional=FEDERATION_COLUMNS)
         if rows is None:
             return []
         return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
@@ -197,13 +216,15 @@ class MessageStore:
             smuids = rows.column("smuid")
         return pc.unique(smuids).sort().to_pylist()
 
-    def _topic_rows(self, topic: str, columns: list[str], now: int | None) -> pa.Table | None:
-        """``columns`` of canonical ``topic``'s ``messages`` rows, those live at ``now`` only (None:
-        all); None while the job has not created the table."""
+    def _topic_rows(self, topic: str, columns: list[str], now: int | None,
+                    optional: list[str] = ()) -> pa.Table | None:
+        """``columns`` of canonical ``topic``'s ``messages`` rows, and those of ``optional`` the table
+        has, only the rows live at ``now`` (None: all); None while the job has not created the table."""
         with self._lock:
             table = self._current(self.messages_path)
             if table is None:
                 return None
+            columns = [*columns, *_present(table, optional)]
             if now is None:
                 return table.to_pyarrow_table(columns=columns, filters=[("topic", "=", topic)])
             rows = table.to_pyarrow_table(columns=[*columns, "expires_at"], filters=[("topic", "=", topic)])
@@ -235,7 +256,8 @@ class MessageStore:
                 return []
             messages = self._current(self.messages_path)
             low, high = (bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
-            origins = None if messages is None else messages.to_pyarrow_table(columns=ORIGIN_COLUMNS, filters=[
+            origins = None if messages is None else messages.to_pyarrow_table(columns=[
+                *ORIGIN_COLUMNS, *_present(messages, FEDERATION_COLUMNS)], filters=[
                 ("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])
         found = {} if origins is None else {o["smuid"]: o for o in _with_micros(origins, "accepted_at").to_pylist()}
         return [_stored(row, topic, found.get(row["smuid"], {}))
