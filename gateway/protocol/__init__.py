@@ -12,7 +12,8 @@ Where things live:
 * one module per verb family, each a mixin of the session: :mod:`~gateway.protocol.login`,
   :mod:`~gateway.protocol.reading` (COUNT, LIST, FIND, GET), :mod:`~gateway.protocol.topics`
   (CREATE, REMOVE), :mod:`~gateway.protocol.settings` (SET), :mod:`~gateway.protocol.publishing`
-  (PUB), :mod:`~gateway.protocol.subscriptions` (SUB, UNSUB, ACK).
+  (PUB), :mod:`~gateway.protocol.subscriptions` (SUB, UNSUB, ACK), :mod:`~gateway.protocol.linking`
+  (CONNECTTO).
 * :mod:`~gateway.protocol.vocabulary` — verbs and keywords; :mod:`~gateway.protocol.state` — the
   session's phase and an open PUBLISH.
 * :mod:`~gateway.protocol.actions` — what a session returns for the I/O layer to do.

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from gateway.replies import Reply
 from schemas.events import Ack, Publish, Subscribe, Unsubscribe
 
 
@@ -102,8 +103,22 @@ class ConnectNotify:
 
 
 @dataclass(frozen=True)
+class CheckRemote:
+    """CREATE TOPIC ``/x > <domain><topic>`` (spec 4.1.4): log in to the linked farm ``domain``
+    (its ``[[federation.links]]``) as ``account`` when the link names it, else as guest, and see
+    whether that login may read ``topic`` there; then carry out ``then(outcome)``, ``outcome``
+    being 200 (it may), 401 (login refused, or no read right there) or 404 (no such topic there,
+    or the farm not reachable), with a text saying which."""
+
+    domain: str
+    topic: str
+    account: str
+    then: Callable[[Reply], "list[Action]"]
+
+
+@dataclass(frozen=True)
 class Wake:
     """Notification state changed (RESUME): offer the next NOTIFY if one is due."""
 
 
-Action = Union[Send, Durable, LoggedIn, Close, Control, Consult, ReadMessages, ConnectNotify, Wake]
+Action = Union[Send, Durable, LoggedIn, Close, Control, Consult, ReadMessages, ConnectNotify, CheckRemote, Wake]

@@ -56,7 +56,20 @@ _RECEIPT_MODES = MappingProxyType({"NONE": "none", "ONE": "one", "ALL": "all", "
 MAX_NAME_CHARS = 128
 
 #: What a bad value breaks, where "bad <attribute> value" would not say.
-_HEADER_RULES = MappingProxyType({"name": f"Name is limited to one line of at most {MAX_NAME_CHARS} characters"})
+_HEADER_RULES = MappingProxyType({
+    "name": f"Name is limited to one line of at most {MAX_NAME_CHARS} characters",
+    "depth": "Depth is a whole number of servers: 0 (this one only, the default), n, or -1 (no limit)",
+    "hops": "Hops is set by the servers a message passes, never by its publisher",
+})
+
+
+def message_depth(headers: Headers) -> int:
+    """``Depth`` (already validated): how many more farms the message may be forwarded to, 0 when absent."""
+    return next((int(v) for n, v in headers if n.lower() == "depth"), 0)
+
+
+def _is_depth(value: str) -> bool:
+    return value == "-1" or _is_count(value)
 
 #: Message header attributes whose values the gateway validates.
 _HEADER_CHECKS = MappingProxyType({
@@ -69,6 +82,8 @@ _HEADER_CHECKS = MappingProxyType({
     "receipt": lambda value: value.upper() in _RECEIPT_MODES,
     "delivery": lambda value: value.upper() in ("ALL", "ONE"),
     "name": lambda value: len(value) <= MAX_NAME_CHARS,
+    "depth": _is_depth,
+    "hops": lambda value: False,  # the route is the servers' to write (the 2002 HOPS)
 })
 
 
@@ -82,7 +97,7 @@ def check_message_headers(headers: Headers) -> Reply | None:
 
 
 #: Header attributes (lower case) that decide how a message is handled, for :func:`acted_on`.
-_ACTED_ON = frozenset({"guarantee", "guar", "receipt", "priority", "pri", "timeout", "delivery"})
+_ACTED_ON = frozenset({"guarantee", "guar", "receipt", "priority", "pri", "timeout", "delivery", "depth"})
 
 
 def acted_on(headers: Headers) -> Headers:

@@ -14,6 +14,7 @@ from gateway.protocol.headers import (
     check_message_headers,
     first_header,
     guaranteed,
+    message_depth,
     message_priority,
     receipt_mode,
 )
@@ -80,8 +81,13 @@ class PublishingVerbs:
             target = self._registry.resolve(topic)
             if target is None:
                 return None
+            if self._registry.remote_link(topic):
+                return [] if silent else self._reply(Reply.error(
+                    NOT_ALLOWED, f"{topic} links to another farm: publishing to a remote topic is not supported"))
             if not (self._may("publish", topic) and self._may("publish", target)):
                 return [] if silent else self._denied("publish", topic)
+            if not self._may_forward(topic, framer.headers):
+                return [] if silent else self._denied_forwarding(topic)
             return self._durable_publish(publish, target, framer.headers)
         if silent:
             return [Consult(lambda final: decide() or [])]
@@ -101,6 +107,8 @@ class PublishingVerbs:
         if not self._may("reply", publish.topic):
             return self._denied("reply", publish.topic)
         silent = not guaranteed(publish.framer.headers)
+        if not self._may_forward(publish.topic, headers):
+            return [] if silent else self._denied_forwarding(publish.topic)
 
         def send() -> list[Action]:
             return self._durable_publish(publish, account_topic(account), headers)
@@ -148,6 +156,15 @@ class PublishingVerbs:
             return [ReadMessages(topics, from_store)]
         return [Consult(decide)]
 
+    def _may_forward(self, topic: str, headers: Headers) -> bool:
+        """A message whose ``Depth`` is not 0 goes beyond this farm: only a publisher holding the
+        ``remote`` right on ``topic`` may send one (spec 6(6))."""
+        return message_depth(headers) == 0 or self._may("remote", topic)
+
+    def _denied_forwarding(self, topic: str) -> list[Action]:
+        return self._reply(Reply.error(
+            UNAUTHORIZED, f"no remote permission on {topic}: a Depth other than 0 forwards beyond this server"))
+
     def _durable_publish(self, publish: OpenPublish, topic: str, headers: Headers) -> list[Action]:
         params = self._queue_params(topic)
         refused = self._queue_limits(topic, publish.framer.sections, params)
@@ -156,12 +173,14 @@ class PublishingVerbs:
         if refused is not None:
             return self._reply(refused) if sure else []
         now = self._now()
+        # Depth: the field is what routing reads and NOTIFY shows; the publisher's attribute stays in
+        # the headers only for its place in the NOTIFY (4.1.11.1's example shows it there)
         event = Publish(
             smuid=self._new_smuid(), topic=topic, cmuid=publish.cmuid,
             account=self._account, guid=self._guid, accepted_at=now,
             priority=message_priority(acted), headers=headers, sections=publish.framer.sections,
             expires_at=self._expiry(acted, now, params), receipt=receipt_mode(acted),
-            delivery=self._delivery_mode(topic, acted, params),
+            delivery=self._delivery_mode(topic, acted, params), depth=message_depth(acted),
         )
         reply = Reply.ok(f"{publish.cmuid} {event.smuid}").to_bytes() if sure else b""
         return [Durable(event, topic.encode("utf-8"), reply)]

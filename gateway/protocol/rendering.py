@@ -55,24 +55,50 @@ def _render_body(head: str, sections: list[Section], tail: str = "") -> bytes:
     return b"".join(parts)
 
 
-_SERVER_AFFIXED = frozenset({"created", "smuid", "cmuid"})
+_SERVER_AFFIXED = frozenset({"created", "smuid", "cmuid", "hops"})
+
+
+def smuid_text(deliver: Deliver, server_host: str) -> str:
+    """The ``Smuid:`` value of a delivery: ``<server_host>/<smuid>``, or for a message another farm
+    forwarded, its SMUID there (``b.example/123``), so every farm shows a message by one name."""
+    return deliver.origin or f"{server_host}/{deliver.smuid}"
 
 
 def render_notify(deliver: Deliver, server_host: str) -> bytes:
     """NOTIFY MESSAGE in spec 4.1.11.1's order: Created, Smuid, Cmuid, then the
-    publisher's other attributes as sent, the sections, ``.``, an empty line."""
-    created, others = None, []
+    publisher's other attributes as sent, the sections, ``.``, an empty line.
+
+    A message another farm forwarded shows its topic there (``NOTIFY MESSAGE b.example/stocks/ibm``,
+    spec 2.3) and its SMUID there.  ``Depth`` shows the message's depth (:attr:`Deliver.depth`, the
+    one truth: a forwarded message's is one less than at its origin) when it is not 0, where the
+    publisher put the attribute, else after ``Cmuid``; ``Hops`` (the farms it passed, the 2002 HOPS)
+    follows ``Cmuid`` when there are any.  So a farm's link reading this NOTIFY knows how much
+    further the message may go and where it has been."""
+    created, others, depth_shown = None, [], False
     for name, value in deliver.headers:
         key = name.lower()
-        if key not in _SERVER_AFFIXED:
+        if key == "depth":  # where the publisher put it (4.1.11.1's example), with the value it has now
+            if deliver.depth and not depth_shown:
+                others.append(f"{name}: {deliver.depth}\r\n")
+            depth_shown = True
+        elif key not in _SERVER_AFFIXED:
             others.append(f"{name}: {value}\r\n")
         elif key == "created" and created is None:
             created = value
     if created is None:
         created = format_micros(deliver.accepted_at)
-    head = (f"NOTIFY MESSAGE {deliver.topic}\r\nCreated: {created}\r\nSmuid: {server_host}/{deliver.smuid}\r\n"
-            f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}\r\n")
+    head = (f"NOTIFY MESSAGE {deliver.origin_topic or deliver.topic}\r\nCreated: {created}\r\n"
+            f"Smuid: {smuid_text(deliver, server_host)}\r\n"
+            f"Cmuid: {deliver.publisher}/{deliver.publisher_guid}/{deliver.cmuid}\r\n"
+            f"{_route(deliver, depth_shown)}")
     return _render_body(head + "".join(others), deliver.sections, "\r\n")
+
+
+def _route(deliver: Deliver, depth_shown: bool) -> str:
+    """The ``Depth`` line (unless the publisher's own shows it) and ``Hops`` line of a NOTIFY: none
+    for a local message published without Depth."""
+    lines = f"Depth: {deliver.depth}\r\n" if deliver.depth and not depth_shown else ""
+    return lines + (f"Hops: {','.join(deliver.hops)}\r\n" if deliver.hops else "")
 
 
 def render_topic_notify(topic: str, action: str) -> bytes:
@@ -99,7 +125,7 @@ def _trash_attributes(message) -> tuple[str, Headers]:
     """(``Topic:`` value, header attributes) of a stored message; from a Trash, the Trash
     path and the why and when first (any the publisher sent under those names dropped)."""
     if message.trash_reason is None:
-        return message.topic, list(message.headers)
+        return message.origin_topic or message.topic, list(message.headers)
     dead = [(TRASH_REASON, message.trash_reason)]
     if message.trashed_at is not None:
         dead.append((TRASHED, format_date_time(from_micros(message.trashed_at))))

@@ -40,10 +40,13 @@ Wire rules (spec section 4, decided where the spec is loose):
   topics it matches today.  Account topics ``/accounts/<name>`` take PUB
   REPLY only, and only their owner may subscribe to them.
 * SET LOGIN PASSWORD reads its answers as continuation lines (the empty line
-  after the command is skipped); a virtual topic on a remote server is 501.
+  after the command is skipped).
+* A virtual topic on another farm (``CREATE TOPIC /x > b.example/y``) is made
+  after a :class:`CheckRemote` the I/O layer performs over SMQP; PUB to one is
+  405 (its messages come from there only).
 
 The handlers live in one module per verb family (:mod:`gateway.protocol.login`, ``reading``,
-``topics``, ``settings``, ``publishing``, ``subscriptions``), mixed into :class:`Session`;
+``topics``, ``settings``, ``publishing``, ``subscriptions``, ``linking``), mixed into :class:`Session`;
 dispatch is by name, ``smqp_<VERB>`` (:data:`gateway.protocol.vocabulary.VERBS`).
 """
 
@@ -57,6 +60,7 @@ from gateway.protocol.actions import Action, AuthResult, Close, Consult, Control
 from gateway.protocol.arguments import topic_error
 from gateway.protocol.framing import CONTROL_BYTE, LineBuffer, Need
 from gateway.protocol.headers import guaranteed, to_micros
+from gateway.protocol.linking import LinkVerbs
 from gateway.protocol.login import LoginVerbs
 from gateway.protocol.publishing import PublishingVerbs
 from gateway.protocol.reading import ReadingVerbs
@@ -69,13 +73,13 @@ from gateway.protocol.vocabulary import OPEN_VERBS, THROUGH_LINKS, VERBS
 from gateway.replies import BAD_REQUEST, NOT_FOUND, REQUEST_TIMEOUT, Reply, UNAUTHORIZED
 from gateway.scram import Credentials
 from gateway.ual import AccessList
-from schemas.config import GatewayConfig
+from schemas.config import FederationConfig, GatewayConfig
 from schemas.events import Deliver
 from schemas.queue_params import QueueParameters
 from schemas.topics import TopicError, account_topic, canonical, is_account_topic, parse_pattern, trash_of, trash_topic
 
 
-class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerbs, SubscriptionVerbs):
+class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerbs, SubscriptionVerbs, LinkVerbs):
     """One client connection's SMQP state machine.
 
     ``registry`` is read only: the gateway's fold of the control log
@@ -98,8 +102,10 @@ class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerb
                  queue_params: Callable[[str], QueueParameters] = lambda topic: QueueParameters(),
                  queued: Callable[[str], tuple[int, int]] = lambda topic: (0, 0),
                  peer: str = "", tls: bool = False,
-                 known_message: Callable[[str], tuple[str, str | None] | None] = lambda cmuid: None):
+                 known_message: Callable[[str], tuple[str, str | None] | None] = lambda cmuid: None,
+                 federation: FederationConfig = FederationConfig()):
         self._config = config
+        self._federation = federation  # the farms this one links to (remote virtual topics, CONNECTTO)
         self._peer = peer  # the client's address as the I/O layer saw it ("" when unknown)
         self._tls = tls  # the connection is SMQPS
         self._authenticate = authenticate
@@ -128,8 +134,9 @@ class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerb
         self._guid: str | None = None
         self._publish: OpenPublish | None = None
         self._continuation: Callable[[bytes], list[Action]] | None = None
-        # SMUIDs of the guaranteed NOTIFYs awaiting the client's 310 ACK, oldest first (a dict keeps order)
-        self._awaiting: dict[int, None] = {}
+        # SMUIDs of the guaranteed NOTIFYs awaiting the client's 310 ACK, oldest first (a dict keeps order),
+        # each with its origin (the Smuid it was shown under when another farm forwarded it)
+        self._awaiting: dict[int, str | None] = {}
         self._notify_window = 1  # SET NOTIFY WINDOW: how many may await at once (1: the spec's two-phase commit)
         self._bad_commands = 0
         self._line = ""  # the command line being handled, for arguments with spaces
@@ -216,7 +223,7 @@ class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerb
         if deliver.account.lower() != self._account.lower():
             raise SessionMisuse(f"delivery for {deliver.account!r} on {self._account!r}'s session")
         if guaranteed(deliver.headers):
-            self._awaiting[deliver.smuid] = None
+            self._awaiting[deliver.smuid] = deliver.origin
         return frame if frame is not None else render_notify(deliver, self._config.server_host)
 
     def notify_again(self, deliver: Deliver) -> bytes:
@@ -387,9 +394,10 @@ class Session(LoginVerbs, ReadingVerbs, TopicVerbs, SettingVerbs, PublishingVerb
         return not is_account_topic(target) and self._access.allows(self._account, action, target)
 
     def _link_target(self, path: str) -> str | None:
-        """The target of ``path`` when it is a live virtual topic, else None."""
+        """The target of ``path`` when it is a live virtual topic of this farm, else None (a remote
+        link's messages are stored on it here, and the other farm's UAL judged its target)."""
         topic = self._registry.topics.get(path)
-        return topic.target if topic is not None and topic.target and not topic.removed else None
+        return topic.target if topic is not None and topic.target and not topic.removed and not topic.remote else None
 
     def may_read(self, topic: str) -> bool:
         """Whether this login may be sent, or read, the messages of canonical ``topic`` now:

@@ -147,8 +147,10 @@ class SubscriptionVerbs:
         return [Durable(event, self._account.encode("utf-8"), reply.to_bytes())]
 
     def _named_smuid(self, text: str) -> int | None:
-        """The number of a ``Smuid:`` value as this server renders it (``<server_host>/<number>``)."""
+        """The SMUID of the NOTIFY a ``Smuid:`` value names as this server renders it: ``<server_host>/<number>``,
+        or the origin (``b.example/123``) a message another farm forwarded is shown under, which names
+        the delivery awaiting its ACK here that came from there."""
         host, _, number = text.rpartition("/")
-        if host.lower() != self._server_host or not (number.isascii() and number.isdigit()):
-            return None
-        return int(number)
+        if host.lower() == self._server_host and number.isascii() and number.isdigit():
+            return int(number)
+        return next((smuid for smuid, origin in self._awaiting.items() if origin == text), None)

@@ -22,6 +22,7 @@ VERBS = MappingProxyType({
     "UNSUB": "UNSUBSCRIBE", "UNSUBSCRIBE": "UNSUBSCRIBE",
     "GET": "GET",
     "310": "ACK",
+    "CONNECTTO": "CONNECTTO",
     "NOOP": "NOOP",
     "QUIT": "QUIT",
 })

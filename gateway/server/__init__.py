@@ -8,7 +8,8 @@ Where things live:
 * :mod:`~gateway.server.connection` — one client connection: the pump from socket to session and
   back, replies in command order, bounds on slow clients; :mod:`~gateway.server.notifying` — its
   NOTIFY MESSAGEs, ACKs and retries; :mod:`~gateway.server.notify_channel` — SET NOTIFY PORT;
-  :mod:`~gateway.server.tls` — SMQPS.
+  :mod:`~gateway.server.tls` — SMQPS; :mod:`~gateway.server.remote` — the check a remote virtual
+  topic's CREATE makes with the farm it links to.
 * :mod:`~gateway.server.fold` — the control log folded into the registry, and the early routing
   of DELIVERY ALL publishes from it; :mod:`~gateway.server.deliveries` — the tail of the job's
   deliveries; :mod:`~gateway.server.book` — each account's pending deliveries;

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gateway.server.book import NotifyQueue
 from gateway.protocol.actions import (
+    CheckRemote,
     Close,
     ConnectNotify,
     Consult,
@@ -26,6 +27,7 @@ from gateway.protocol.actions import (
     Wake,
 )
 from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, Reply, SERVICE_UNAVAILABLE
+from gateway.server import remote
 from gateway.server.notify_channel import NotifyChannel
 from gateway.server.notifying import InFlight, Notice, Notifying
 from schemas.events import Ack
@@ -179,6 +181,8 @@ class Connection(Notifying):
                 self._block(self._read_messages(action))
             elif isinstance(action, ConnectNotify):
                 self._block(self._connect_notify(action))
+            elif isinstance(action, CheckRemote):  # CREATE TOPIC /x > <domain>/<topic>: ask that farm
+                self._block(remote.perform(self.gateway.config.federation, action))
             elif isinstance(action, LoggedIn):  # after the 200 reply is written, not before
                 self.put(lambda: self.gateway.register(self))
             elif isinstance(action, Wake):

@@ -158,7 +158,7 @@ class Gateway(RegistryFold, DeliveriesTail, HandOn, Shutdown):
                        new_nonce=lambda: secrets.token_urlsafe(18),
                        new_salt=lambda: (new_salt(), DEFAULT_ITERATIONS), store_credentials=stored_hash,
                        queue_params=self.queue_params, queued=self.book.sizes.of, peer=peer, tls=tls,
-                       known_message=self.book.seen.get)
+                       known_message=self.book.seen.get, federation=self.config.federation)
 
     def _over_capacity(self) -> str | None:
         """None while this gateway takes logins; else where to redirect them ("" = nowhere: 503)."""

@@ -128,6 +128,7 @@ def test_publish_message():
                  ("Sequence", "34")],
         sections=[Section([("Content-Type", "text/plain"), ("Content-Length", "6")], b"24.567")],
         expires_at=SPEC_MICROS + 60_000_000, receipt="one",  # Timeout: 00:01:00 from acceptance; YES = ONE
+        depth=1,  # an open server: everyone holds the remote right, so Depth 1 may leave this farm
     )
 
 
@@ -288,6 +289,7 @@ def example_deliver(headers=None) -> Deliver:
         publisher_guid="jtegen3454654", accepted_at=SPEC_MICROS, priority=1,
         headers=[("Created", "D20010815T08032445Z"), *EXAMPLE_HEADERS] if headers is None else headers,
         sections=[Section([("Content-Type", "text/plain"), ("Content-Length", "6")], b"34.456")],
+        depth=1,  # what its Depth attribute says (the field is what NOTIFY shows)
     )
 
 
@@ -327,7 +329,7 @@ def test_publish_to_notify_round_trip_reproduces_the_spec_example():
     event: Publish = durable.event
     deliver = Deliver(account="jtegen", smuid=1835, topic=event.topic, cmuid=event.cmuid, publisher="jtegen",
                       publisher_guid="jtegen3454654", accepted_at=event.accepted_at, priority=event.priority,
-                      headers=event.headers, sections=event.sections)
+                      headers=event.headers, sections=event.sections, depth=event.depth)
     assert render_notify(deliver, "www.host.com") == notify
 
 
@@ -358,10 +360,11 @@ def test_server_bye():
     assert make_session().server_bye() == b"NOTIFY SERVER BYE\r\n\r\n"
 
 
-def test_a_remote_virtual_topic_is_not_implemented():
-    """4.1.4's remote link example (``> www.host.com/stocks/ibm``): no server domains here."""
+def test_a_remote_virtual_topic_needs_a_link_to_its_farm():
+    """4.1.4's remote link example (``> www.host.com/stocks/ibm``): no ``[[federation.links]]`` for
+    that domain here, so this server cannot reach it."""
     actions = feed_three_ways(b"CREATE TOPIC /stocks/quotes/ibm2 > www.host.com/stocks/ibm\r\n\r\n")
-    assert wire(actions) == b"501 Not implemented (virtual topics on remote servers)\r\n\r\n"
+    assert wire(actions) == b"404 Not found (www.host.com: no link to that farm is configured here)\r\n\r\n"
 
 
 def test_publish_reply_goes_to_the_original_publishers_account_topic():

@@ -61,10 +61,11 @@ def test_each_decision_in_the_session():
 
 
 def test_reaching_a_remote_server_is_a_right_of_its_own():
-    """Spec 6's sixth permission: only then does the server say it cannot (yet) reach one (501)."""
+    """Spec 6's sixth permission: only then does the server look for a link to that farm (none: 404)."""
     create = b"CREATE TOPIC /news/cnn > cnn.com:720/news\r\n"
     assert wire(run(session_as("guest"), [create])) == b"401 Unauthorized (no remote permission on /news/cnn)\r\n\r\n"
-    assert wire(run(session_as("jtegen"), [create])).startswith(b"501")
+    assert wire(run(session_as("jtegen"), [create])) == \
+        b"404 Not found (cnn.com:720: no link to that farm is configured here)\r\n\r\n"
 
 
 def test_listing_never_reveals_what_the_login_may_not_see():
