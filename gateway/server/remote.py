@@ -29,6 +29,7 @@ from gateway.client import SMQPClient, SMQPError
 from gateway.client.wire import ServerProtocolError
 from gateway.protocol.actions import Action, CheckRemote
 from gateway.replies import NOT_FOUND, Reply, UNAUTHORIZED
+from gateway.scram import METHOD as SCRAM_METHOD, ScramError
 from schemas.config import FederationConfig, LinkConfig
 
 log = logging.getLogger("smqp.gateway")
@@ -47,6 +48,12 @@ def pull_login(link: LinkConfig, account: str, env: Mapping[str, str] | None = N
     if variable is None:
         return GUEST, ""
     return account, env[variable]
+
+
+def login_method(link: LinkConfig, account: str) -> str:
+    """How to log in to ``link``'s farm as ``account``: a password crosses a plain connection only
+    as SCRAM-SHA-256 (never readable); CLEAR over TLS, and for guest (who has no password)."""
+    return "CLEAR" if link.tls or account.lower() == GUEST else SCRAM_METHOD
 
 
 def link_ssl(link: LinkConfig) -> ssl.SSLContext | None:
@@ -69,8 +76,9 @@ async def may_read_there(link: LinkConfig, account: str, topic: str, env: Mappin
         return Reply.error(UNAUTHORIZED, f"no password for {account} at {link.domain} on this server")
     host, port = link.host_port
     try:
-        client = await SMQPClient.open(host, port, login, password, timeout=CHECK_TIMEOUT_S, ssl=link_ssl(link))
-    except SMQPError as error:
+        client = await SMQPClient.open(host, port, login, password, timeout=CHECK_TIMEOUT_S, ssl=link_ssl(link),
+                                       method=login_method(link, login))
+    except (SMQPError, ScramError) as error:  # refused, or (SCRAM) it could not prove it knows the password
         return Reply.error(UNAUTHORIZED, f"{link.domain} refused the login of {login}: {error}")
     except (OSError, asyncio.TimeoutError, ServerProtocolError) as error:
         return Reply.error(NOT_FOUND, f"{link.domain} not reachable at {link.address}: {error or type(error).__name__}")

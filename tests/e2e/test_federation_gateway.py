@@ -13,6 +13,7 @@ farm B's link account on A (``[federation] peers``).
 * PUB with a Depth other than 0 needs the remote right: 401 and nothing published.
 * A peer's link is NOTIFYed early only what may go to it: Depth 0 stays here, Depth 1 and -1 go,
   with ``Depth`` and this farm's ``Smuid``.
+* A link may use TLS, and then trusts only the certificate its ``tls_ca`` vouches for.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from deploy.broker import free_port
 from gateway.client import SMQPClient, SMQPError
 from schemas.config import FederationConfig, LinkConfig
 from tests.e2e.stack import GatewayThread, create_smqp_topics, hashed, stack_config
+from tests.e2e.test_limits import self_signed
 
 pytestmark = pytest.mark.e2e
 
@@ -135,3 +137,28 @@ def test_a_peers_link_is_notified_early_only_what_its_depth_lets_go_there(farms)
                 await note.ack()
                 await (await bob.next_notification(30)).ack()
     asyncio.run(scenario())
+
+
+def test_a_link_over_tls_trusts_only_the_certificate_it_is_given(broker, tmp_path, monkeypatch):
+    """SMQPS between farms (``tls``, ``tls_ca``): the check logs in over TLS; a link whose CA does
+    not vouch for the other farm's certificate reaches nothing (404, no login sent in clear)."""
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "other").mkdir()
+    other, _ = self_signed(tmp_path / "other")
+    monkeypatch.setenv("ANN_AT_B", "ann-at-b")
+    config_b = stack_config(broker, tmp_path / "b", hashed(ann="ann-at-b"), server_host="b.example",
+                            tls_port=free_port(), tls_cert=cert, tls_key=key, clear_only_over_tls=False)
+    with GatewayThread(config_b) as farm_b:
+        asyncio.run(create_smqp_topics(farm_b.address, "/stocks/ibm"))
+        address = f"127.0.0.1:{farm_b.gateway.tls_address[1]}"
+        config_a = stack_config(broker, tmp_path / "a", hashed(ann="a"), server_host="a.example")
+        config_a = replace(config_a, federation=FederationConfig(links=[
+            LinkConfig("b.example", address, tls=True, tls_ca=cert, accounts={"ann": "ANN_AT_B"}),
+            LinkConfig("c.example", address, tls=True, tls_ca=other, accounts={"ann": "ANN_AT_B"})]))
+        with GatewayThread(config_a) as farm_a:
+            async def scenario() -> None:
+                async with await login(farm_a, "ann", "a") as ann:
+                    await ann.create_topic("/quotes/ibm", target="b.example/stocks/ibm")
+                    assert (await refusal(ann.create_topic("/quotes/c", target="c.example/stocks/ibm"))).startswith(
+                        "404 Not found (c.example not reachable at 127.0.0.1:")
+            asyncio.run(scenario())
