@@ -38,8 +38,8 @@ from schemas.events import (
     Unwatch,
     Watch,
 )
-from schemas.topics import (account_topic_owner, admits, ancestors, candidate_patterns, covers, is_account_topic, parent,
-                            parse_pattern, recipients, remote_target, TopicError)
+from schemas.topics import (TopicError, account_topic_owner, admits, ancestors, candidate_patterns, covers,
+                            is_account_topic, parent, parse_pattern, recipients, remote_target)
 
 #: Watch kinds and how UNSUBSCRIBE replies name them (4.1.10).
 TOPIC_WATCH = "topic"

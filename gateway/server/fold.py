@@ -151,9 +151,10 @@ class RegistryFold:
         will route it to; the job's ``Deliver`` of it then finds it in the book and is ignored.
         Only once the book is complete (``handing_on``), only for publishes the job has not
         committed (past its progress), and only with one commands partition, which keeps each
-        ACK after its publish in the job's input.  Another farm's link (``[federation] peers``) is
-        a recipient only when the message's Depth and Hops let it go there, the job's rule too.  Messages already expired, and DELIVERY ONE
-        (the job picks the subscriber), are left to the job."""
+        ACK after its publish in the job's input.  Messages already expired, and DELIVERY ONE
+        (the job picks the subscriber), are left to the job.  Another farm's link (an account of
+        ``[federation] peers``) is a recipient only when the message's Depth and Hops let it go
+        there (:func:`schemas.topics.forwards`, the job's rule too)."""
         if (not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0)
                 or not self.registry.may_reach(raw.topic)):  # most publishes: decoded by nobody here
             return

@@ -79,13 +79,13 @@ async def may_read_there(link: LinkConfig, account: str, topic: str, env: Mappin
         client = await SMQPClient.open(host, port, login, password, timeout=CHECK_TIMEOUT_S, ssl=link_ssl(link),
                                        method=login_method(link, login))
     except (SMQPError, ScramError) as error:  # refused, or (SCRAM) it could not prove it knows the password
-        return Reply.error(UNAUTHORIZED, f"{link.domain} refused the login of {login}: {error}")
+        return Reply.error(UNAUTHORIZED, f"{link.domain} refused the login of {login}: {_why(error)}")
     except (OSError, asyncio.TimeoutError, ServerProtocolError) as error:
-        return Reply.error(NOT_FOUND, f"{link.domain} not reachable at {link.address}: {error or type(error).__name__}")
+        return Reply.error(NOT_FOUND, f"{link.domain} not reachable at {link.address}: {_why(error)}")
     try:
         return await asyncio.wait_for(_readable(client, link.domain, login, topic), CHECK_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError, ServerProtocolError) as error:
-        return Reply.error(NOT_FOUND, f"{link.domain} did not answer at {link.address}: {error or type(error).__name__}")
+        return Reply.error(NOT_FOUND, f"{link.domain} did not answer at {link.address}: {_why(error)}")
     finally:
         await client.close()
 
@@ -102,7 +102,7 @@ async def _readable(client: SMQPClient, domain: str, login: str, topic: str) -> 
         if error.code == UNAUTHORIZED:
             return _no_right(domain, login, topic)
         if error.code != NOT_FOUND:
-            return Reply.error(NOT_FOUND, f"{domain} answered {error} for {topic}")
+            return Reply.error(NOT_FOUND, f"{domain} answered {_why(error)} for {topic}")
     try:
         await client.subscribe(topic)
     except SMQPError as error:
@@ -111,6 +111,11 @@ async def _readable(client: SMQPClient, domain: str, login: str, topic: str) -> 
         return Reply.error(NOT_FOUND, f"no topic {topic} at {domain}")
     await client.unsubscribe(topic)
     return Reply.ok()
+
+
+def _why(error: BaseException) -> str:
+    """An error's text for a reply line (a timeout has none: its name then)."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _no_right(domain: str, login: str, topic: str) -> Reply:

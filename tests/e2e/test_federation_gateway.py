@@ -19,7 +19,6 @@ farm B's link account on A (``[federation] peers``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import replace
 
 import pytest

@@ -87,7 +87,8 @@ def test_a_stored_forwarded_message_shows_its_origin_too():
 
 
 def pub(headers: bytes) -> bytes:
-    return b"PUB MESSAGE /news A1\r\n" + headers + b"\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi\r\n.\r\n"
+    return (b"PUB MESSAGE /news A1\r\n" + headers
+            + b"\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi\r\n.\r\n")
 
 
 def test_depth_is_a_number_of_servers_and_hops_are_the_servers_own():
