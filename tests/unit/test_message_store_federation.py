@@ -7,7 +7,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from schemas.spark import MESSAGES_TABLE, arrow_schema
-from tests.unit.test_message_store import row, store
+from tests.unit.test_message_store import ACCEPTED, row, store
 
 FEDERATION_FIELDS = [pa.field("depth", pa.int32()), pa.field("hops", pa.list_(pa.string())),
                      pa.field("origin", pa.string()), pa.field("origin_topic", pa.string())]
@@ -24,6 +24,7 @@ def test_a_forwarded_messages_route_is_read_with_it(tmp_path):
     assert (first.depth, first.hops, first.origin, first.origin_topic) == (
         0, ("b.example",), "b.example/77", "b.example/stocks/ibm")
     assert (second.depth, second.hops, second.origin, second.origin_topic) == (2, (), None, None)
+    assert store(tmp_path).messages("/quotes/ibm", now=ACCEPTED)[0].origin == "b.example/77"  # live ones too
     deliver = first.to_deliver("bob")
     assert (deliver.hops, deliver.origin, deliver.origin_topic) == (["b.example"], "b.example/77",
                                                                     "b.example/stocks/ibm")
