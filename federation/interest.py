@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from gateway.registry import Registry
@@ -42,11 +43,15 @@ class Pull:
         return f"{self.domain}{self.path}"
 
 
-def wanted_patterns(registry: Registry, excluded: set[str]) -> set[str]:
+def wanted_patterns(registry: Registry, excluded: set[str], now: int | None = None) -> set[str]:
     """The MESSAGE patterns subscribed here by accounts other than ``excluded`` (a peer's own link
-    accounts), account topics aside (they are this farm's own)."""
+    accounts), account topics aside (they are this farm's own), and those whose UNTIL passed by
+    ``now`` (microseconds; the gateways end them by their clocks, appending nothing)."""
+    now = time.time_ns() // 1000 if now is None else now
     return {pattern for account, subscriptions in registry.subscriptions.items() if account not in excluded
-            for pattern in subscriptions if not is_account_topic(pattern.removesuffix("/*"))}
+            for pattern, subscription in subscriptions.items()
+            if not is_account_topic(pattern.removesuffix("/*"))
+            and (subscription.until is None or subscription.until > now)}
 
 
 def peer_accounts(config: SMQPConfig, domain: str) -> set[str]:

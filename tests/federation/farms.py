@@ -64,7 +64,8 @@ class LinkThread:
         return future.result(timeout)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.config.federation.status_port}/metrics", timeout=5) as page:
+        url = f"http://127.0.0.1:{self.config.federation.status_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as page:
             return page.read().decode()
 
     def __exit__(self, *exc) -> None:

@@ -28,9 +28,11 @@ def sub(account: str, pattern: str) -> Subscribe:
 def test_the_interest_on_a_peer_is_every_subscription_here_but_that_peers_own():
     registry = folded(CreateTopic("r1", "admin", "/news/x", 1), sub("alice", "/news/*"), sub("bob", "/news/x"),
                       sub("clink", "/sport/*"), sub("blink", "/weather/*"), sub("bob", "/accounts/bob"),
-                      sub("carl", "/old"), Unsubscribe("carl", "carl0", "/old", 2))
-    assert wanted_patterns(registry, peer_accounts(CONFIG, "b.example")) == {"/news/*", "/news/x", "/sport/*"}
-    assert wanted_patterns(registry, peer_accounts(CONFIG, "C.example")) == {"/news/*", "/news/x", "/weather/*"}
+                      sub("carl", "/old"), Unsubscribe("carl", "carl0", "/old", 2),
+                      Subscribe("dora", "dora0", "/ended/*", 1, until=5))
+    assert wanted_patterns(registry, peer_accounts(CONFIG, "b.example"), now=10) == {"/news/*", "/news/x", "/sport/*"}
+    assert "/ended/*" in wanted_patterns(registry, set(), now=4)  # until its UNTIL
+    assert wanted_patterns(registry, peer_accounts(CONFIG, "C.example"), now=10) == {"/news/*", "/news/x", "/weather/*"}
 
 
 def test_a_remote_virtual_topic_is_pulled_as_its_creator_when_the_link_names_it_else_as_guest():

@@ -11,8 +11,8 @@ import pytest
 
 from deploy.broker import free_port
 from tests.e2e.stack import GatewayThread, create_smqp_topics
-from tests.federation.farms import (LinkThread, farm_config, forwarded_publishes, holds, link_account, metric, nothing_more,
-                                    publish, received, subscriber, until, with_links)
+from tests.federation.farms import (LinkThread, farm_config, forwarded_publishes, holds, link_account, metric,
+                                    nothing_more, publish, received, subscriber, until, with_links)
 
 pytestmark = pytest.mark.e2e
 
