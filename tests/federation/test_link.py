@@ -39,12 +39,12 @@ def test_a_message_published_on_a_with_depth_1_reaches_bs_subscriber_once(broker
         async def scenario(link: LinkThread) -> None:
             bob = await subscriber(b_gateway.address, "bob", "/news/*")
             await until(holds(a_gateway, "blink", "/news/*"), "B's link subscribed on A to what bob wants")
-            [local] = await publish(a_gateway.address, NEWS, "stays on A")  # no Depth: 0
+            await publish(a_gateway.address, NEWS, "stays on A")  # no Depth: 0
             [smuid] = await publish(a_gateway.address, NEWS, "24.567", depth=1)
             [note] = await received(bob, 1)
             assert (note.topic.rpartition("/news/")[2], note.data) == ("x", b"24.567")
             await nothing_more(bob)
-            [appended] = forwarded_publishes(b_gateway.config)
+            [appended] = forwarded_publishes(b_gateway.config)  # not the one without Depth
             assert (appended.origin, appended.origin_topic, appended.topic) == (f"{A}/{smuid}", f"{A}{NEWS}", NEWS)
             assert (appended.depth, appended.hops) == (0, [A])
             assert all(name.lower() != "depth" for name, _ in appended.headers)
@@ -52,7 +52,6 @@ def test_a_message_published_on_a_with_depth_1_reaches_bs_subscriber_once(broker
             assert f'smqp_link_up{{link="{A}"}} 1' in page
             assert f'smqp_link_forwarded_total{{link="{A}"}} 1' in page
             await bob.quit()
-            assert local not in (appended.smuid,)
 
         with LinkThread(b_gateway.config) as link:
             asyncio.run(scenario(link))
@@ -81,15 +80,13 @@ def test_a_link_killed_between_its_append_and_its_ack_delivers_the_message_once(
     from federation.link import PeerSession
 
     with two_farms(broker, tmp_path) as (a_gateway, b_gateway):
-        bob = None
         appended_here = asyncio.Event()
 
         async def never_ack(session, note) -> None:
             appended_here.set()
             await asyncio.Event().wait()  # killed before the ACK
 
-        async def first_run() -> None:
-            nonlocal bob
+        async def first_run() -> int:
             await until(holds(a_gateway, "blink", "/news/*"), "B's link subscribed on A")
             [smuid] = await publish(a_gateway.address, NEWS, "once", depth=1)
             await until(lambda: len(forwarded_publishes(b_gateway.config)) == 1, "the append on B")
