@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import pytest
 
 from deploy.broker import free_port
+from federation.link import PeerSession
 from tests.e2e.stack import GatewayThread, create_smqp_topics
+from tests.e2e.test_limits import self_signed
 from tests.federation.farms import (LinkThread, farm_config, forwarded_publishes, holds, link_account, metric,
                                     nothing_more, publish, received, subscriber, until, with_links)
 
@@ -77,8 +80,6 @@ def test_a_link_killed_between_its_append_and_its_ack_delivers_the_message_once(
     """The first link appends, then dies before its ACK; A keeps the message for B's account and
     sends it again to the restarted link, whose dedup set (rebuilt from B's commands topic) drops
     it and ACKs it.  Bob has it once, and what follows goes on."""
-    from federation.link import PeerSession
-
     with two_farms(broker, tmp_path) as (a_gateway, b_gateway):
         appended_here = asyncio.Event()
 
@@ -181,3 +182,31 @@ def test_a_link_whose_peer_is_unreachable_retries_and_catches_up(broker, tmp_pat
             finally:
                 loop.run_until_complete(gate.close())
                 loop.close()
+
+
+def test_a_link_over_tls(broker, tmp_path):
+    """B's link reaches A's SMQPS port, verifying A's certificate against its ``tls_ca``."""
+    cert, key = self_signed(tmp_path)
+    a_config = farm_config(broker, tmp_path, A, peers=[B])
+    a_config = replace(a_config, gateway=replace(a_config.gateway, tls_port=free_port(), tls_cert=cert, tls_key=key,
+                                                 clear_only_over_tls=False))  # the test's guest publishes
+    with GatewayThread(a_config) as a_gateway:
+        b_config = farm_config(broker, tmp_path, B, users=["bob"])
+        link = replace(with_links(b_config, links=[(A, a_gateway.gateway.tls_address[1])]).federation.links[0],
+                       tls=True, tls_ca=cert)
+        b_config = replace(b_config, federation=replace(with_links(b_config).federation, links=(link,)))
+        with GatewayThread(b_config) as b_gateway:
+
+            async def scenario() -> None:
+                for gateway in (a_gateway, b_gateway):
+                    await create_smqp_topics(gateway.address, NEWS)
+                bob = await subscriber(b_gateway.address, "bob", "/news/*")
+                await until(holds(a_gateway, "blink", "/news/*"), "B's link subscribed on A over TLS")
+                await publish(a_gateway.address, NEWS, "secure", depth=1)
+                assert [n.data for n in await received(bob, 1)] == [b"secure"]
+                await bob.quit()
+
+            with LinkThread(b_config) as running:
+                asyncio.run(scenario())
+                channel = running.process.sessions[A].client._main
+                assert channel.writer.get_extra_info("ssl_object") is not None
