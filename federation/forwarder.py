@@ -32,10 +32,10 @@ UNLINKED = "unlinked"
 class Forwarder:
     """Appends what peers send to this farm's commands topic, once each (:class:`Seen`)."""
 
-    def __init__(self, config: SMQPConfig, log_: DurableLog, seen: Seen, registry: Registry, metrics: LinkMetrics):
+    def __init__(self, config: SMQPConfig, commands: DurableLog, seen: Seen, registry: Registry, metrics: LinkMetrics):
         self.config = config
         self.domain = config.domain
-        self.log = log_
+        self.commands = commands
         self.seen = seen
         self.registry = registry
         self.metrics = metrics
@@ -87,7 +87,7 @@ class Forwarder:
                 message, outbound, smuid=self.new_smuid(), now=time.time_ns() // 1000,
                 server_timeout=params.timeout or self.registry.server_timeout,
                 delivery=self.registry.delivery(outbound.topic) or params.delivery, peer_domain=peer_domain)
-            await self.log.append(outbound.topic.encode("utf-8"), publish.to_bytes())
+            await self.commands.append(outbound.topic.encode("utf-8"), publish.to_bytes())
             appended = True
         finally:
             self.seen.settle(key, appended)

@@ -8,6 +8,8 @@ import logging
 import signal
 import sys
 
+from kafka.errors import KafkaError
+
 from federation.process import LinkProcess
 from schemas.config import SMQPConfig, load_config
 
@@ -44,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     config = load_config(args.config)
     if not config.federation.links:
-        log.info("no [[federation.links]] configured: remote virtual topics only")
-    asyncio.run(serve(config))
+        log.info("no [[federation.links]] configured: nothing to link to")
+    try:
+        asyncio.run(serve(config))
+    except (KafkaError, TimeoutError, OSError) as error:  # Kafka unreachable at start, a port taken
+        log.error("smqp-link could not start: %s", error)
+        return 1
     return 0
 
 

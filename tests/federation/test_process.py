@@ -78,3 +78,12 @@ def test_the_process_forwards_serves_metrics_and_stops_on_sigterm(broker, tmp_pa
             if link.poll() is None:
                 link.kill()
                 link.communicate(timeout=10)
+
+
+def test_a_link_process_that_cannot_reach_kafka_says_so_and_exits_1(tmp_path):
+    path = tmp_path / "link.toml"
+    path.write_text(f'[kafka]\nbootstrap = "127.0.0.1:{free_port()}"\n')
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SMQP_")}
+    done = subprocess.run([sys.executable, "-m", "federation", "--config", str(path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "smqp-link could not start" in done.stderr
