@@ -24,6 +24,7 @@ import kafka.errors as KafkaErrors
 from federation.metrics import LinkState
 from gateway.client import Notification, SMQPClient, SMQPError
 from gateway.client.wire import ServerProtocolError
+from gateway.scram import ScramError
 from gateway.replies import FORBIDDEN, NOT_ALLOWED, NOT_FOUND, UNAUTHORIZED
 
 log = logging.getLogger("smqp.federation")
@@ -33,7 +34,7 @@ log = logging.getLogger("smqp.federation")
 REFUSALS = frozenset({UNAUTHORIZED, FORBIDDEN, NOT_FOUND, NOT_ALLOWED})
 
 #: Failures that end a session (or an attempt at one); the link tries again after its backoff.
-SESSION_FAILURES = (OSError, ConnectionError, asyncio.TimeoutError, SMQPError, ServerProtocolError,
+SESSION_FAILURES = (OSError, ConnectionError, asyncio.TimeoutError, SMQPError, ServerProtocolError, ScramError,
                     KafkaErrors.KafkaError)
 
 
@@ -62,6 +63,7 @@ class Peer:
     login: str  # the account at the peer
     password: str = field(repr=False, default="")
     ssl: ssl_module.SSLContext | None = None
+    method: str = "CLEAR"  # LOGIN's method: SCRAM-SHA-256 keeps a password off a plain connection
 
 
 class PeerSession:
@@ -89,7 +91,7 @@ class PeerSession:
         while True:
             try:
                 self.client = await SMQPClient.open(self.peer.host, self.peer.port, self.peer.login,
-                                                    self.peer.password, ssl=self.peer.ssl)
+                                                    self.peer.password, ssl=self.peer.ssl, method=self.peer.method)
             except SESSION_FAILURES as error:
                 self.on_failure()
                 await self._pause(f"cannot log in at {self.peer.host}:{self.peer.port}: {error!r}")

@@ -23,6 +23,7 @@ from federation.interest import InterestFold, Pull, peer_accounts, pulls, wanted
 from federation.link import Backoff, Peer, PeerSession
 from federation.metrics import LinkMetrics, serve_metrics
 from federation.seen import Seen, rebuild
+from gateway.scram import METHOD as SCRAM_METHOD
 from gateway.server.feeds import open_commands_log
 from kafka_edge import Cluster, DurableLog
 from schemas.config import LinkConfig, SMQPConfig
@@ -33,6 +34,13 @@ log = logging.getLogger("smqp.federation")
 def tls_context(link: LinkConfig) -> ssl_module.SSLContext | None:
     """SMQPS to the peer, verified against ``tls_ca`` (else the system's CAs)."""
     return ssl_module.create_default_context(cafile=link.tls_ca or None) if link.tls else None
+
+
+def login_method(link: LinkConfig, login: str) -> str:
+    """A password crosses a plain connection only as SCRAM-SHA-256 (a peer whose plain port refuses
+    CLEAR, ``clear_only_over_tls``, is reachable so, and the password is never readable on the wire);
+    CLEAR over TLS, and for guest, who has none.  (The gateways' remote check logs in the same way.)"""
+    return "CLEAR" if link.tls or login.lower() == "guest" else SCRAM_METHOD
 
 
 class LinkProcess:
@@ -83,7 +91,9 @@ class LinkProcess:
         name, domain = link.domain.lower(), link.domain.lower()
         host, port = link.host_port
         excluded = peer_accounts(self.config, domain)
-        peer = Peer(name, host, port, link.account or "guest", self._password(link.password_env), tls_context(link))
+        login = link.account or "guest"
+        peer = Peer(name, host, port, login, self._password(link.password_env), tls_context(link),
+                    login_method(link, login))
         session = PeerSession(
             peer, lambda: wanted_patterns(self.fold.registry, excluded),
             lambda note: self.forwarder.forward(name, domain, note), self.fold.listen(),
@@ -114,7 +124,8 @@ class LinkProcess:
             return [pull for pull in self.pulls if (pull.domain, pull.login) == (domain, login)]
 
         session = PeerSession(
-            Peer(name, host, port, login, password, tls_context(link)), lambda: {pull.path for pull in mine()},
+            Peer(name, host, port, login, password, tls_context(link), login_method(link, login)),
+            lambda: {pull.path for pull in mine()},
             lambda note: self.forwarder.pull(name, domain, note, lambda path: [p for p in mine() if p.path == path]),
             self.fold.listen(), self.metrics.state(name), lambda: self.metrics.connect_failures.inc(name),
             self._backoff(), owns_account=False)

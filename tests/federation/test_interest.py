@@ -47,3 +47,11 @@ def test_a_remote_virtual_topic_is_pulled_as_its_creator_when_the_link_names_it_
 def test_the_pull_login():
     link = CONFIG.federation.links[0]
     assert (pull_login(link, "alice"), pull_login(link, "bob"), pull_login(link, None)) == ("alice", "guest", "guest")
+
+
+def test_a_password_crosses_a_plain_connection_only_as_scram():
+    from federation.process import login_method
+
+    plain, secure = CONFIG.federation.links[0], replace(CONFIG.federation.links[0], tls=True)
+    assert (login_method(plain, "alink"), login_method(plain, "guest"), login_method(secure, "alink")) == (
+        "SCRAM-SHA-256", "CLEAR", "CLEAR")

@@ -210,3 +210,20 @@ def test_a_link_over_tls(broker, tmp_path):
                 asyncio.run(scenario())
                 channel = running.process.sessions[A].client._main
                 assert channel.writer.get_extra_info("ssl_object") is not None
+
+
+def test_a_plain_link_logs_in_with_scram_where_the_peer_refuses_clear(broker, tmp_path):
+    """A's plain port refuses LOGIN CLEAR (it has an SMQPS port, ``clear_only_over_tls``): B's plain
+    link still logs in, with SCRAM-SHA-256, and its password never crosses the wire."""
+    cert, key = self_signed(tmp_path)
+    a_config = farm_config(broker, tmp_path, A, peers=[B])
+    a_config = replace(a_config, gateway=replace(a_config.gateway, tls_port=free_port(), tls_cert=cert, tls_key=key))
+    with GatewayThread(a_config) as a_gateway:
+        b_config = farm_config(broker, tmp_path, B, users=["bob"], links=[(A, a_gateway.address[1])])
+        with GatewayThread(b_config) as b_gateway, LinkThread(b_config) as link:
+
+            async def scenario() -> None:
+                await until(lambda: 'smqp_link_up{link="a.example"} 1' in link.metrics(), "B's link logged in at A")
+                assert metric(link.metrics(), 'smqp_link_connect_failures_total{link="a.example"}') == 0
+
+            asyncio.run(scenario())
