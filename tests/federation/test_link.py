@@ -220,7 +220,7 @@ def test_a_plain_link_logs_in_with_scram_where_the_peer_refuses_clear(broker, tm
     a_config = replace(a_config, gateway=replace(a_config.gateway, tls_port=free_port(), tls_cert=cert, tls_key=key))
     with GatewayThread(a_config) as a_gateway:
         b_config = farm_config(broker, tmp_path, B, users=["bob"], links=[(A, a_gateway.address[1])])
-        with GatewayThread(b_config) as b_gateway, LinkThread(b_config) as link:
+        with GatewayThread(b_config), LinkThread(b_config) as link:
 
             async def scenario() -> None:
                 await until(lambda: 'smqp_link_up{link="a.example"} 1' in link.metrics(), "B's link logged in at A")
