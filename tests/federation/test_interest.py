@@ -40,8 +40,8 @@ def test_a_remote_virtual_topic_is_pulled_as_its_creator_when_the_link_names_it_
     registry = folded(CreateTopic("r1", "alice", "/quotes/ibm", 1, target="b.example/stocks/ibm"),
                       CreateTopic("r2", "bob", "/quotes/hp", 2, target="b.example/stocks/hp"),
                       CreateTopic("r3", "bob", "/quotes/sun", 3, target="z.example/stocks/sun"))
-    assert pulls(registry, CONFIG) == [Pull("/quotes/hp", "b.example", "/stocks/hp", "guest"),
-                                       Pull("/quotes/ibm", "b.example", "/stocks/ibm", "alice")]
+    assert pulls(registry, CONFIG) == [Pull("/quotes/ibm", "b.example", "/stocks/ibm", "alice"),
+                                       Pull("/quotes/hp", "b.example", "/stocks/hp", "guest")]
 
 
 def test_the_pull_login():
