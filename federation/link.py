@@ -120,7 +120,11 @@ class PeerSession:
     async def _serve(self, client: SMQPClient) -> None:
         """Hold the wanted patterns and take the NOTIFYs, until either fails."""
         if self.owns_account:
-            self.held = set(await client.list_subscriptions())
+            try:
+                self.held = set(await client.list_subscriptions())
+            except SMQPError as error:  # a server without LIST SUBSCRIPTIONS: what we hold is unknown
+                log.warning("link %s: LIST SUBSCRIPTIONS refused (%s): holding only what it subscribes now",
+                            self.peer.name, error)
         self.state.up = True
         self.changed.set()  # reconcile at once: the peer may have lost or kept what we held
         tasks = [asyncio.ensure_future(self._follow(client)), asyncio.ensure_future(self._receive(client))]
