@@ -30,6 +30,9 @@ from schemas.config import LinkConfig, SMQPConfig
 
 log = logging.getLogger("smqp.federation")
 
+#: Seconds :meth:`LinkProcess.close` waits for its sessions to stop (a stuck one is logged, not awaited).
+CLOSE_TIMEOUT_S = 10.0
+
 
 def tls_context(link: LinkConfig) -> ssl_module.SSLContext | None:
     """SMQPS to the peer, verified against ``tls_ca`` (else the system's CAs)."""
@@ -136,7 +139,10 @@ class LinkProcess:
         """Stop the sessions (a NOTIFY being taken in is not ACKed: the peer sends it again), then Kafka."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)
+            for task in stuck:
+                log.error("a link task did not stop within %g s: %s", CLOSE_TIMEOUT_S, task.get_stack(limit=5))
         self._tasks.clear()
         if self.status is not None:
             self.status.close()
