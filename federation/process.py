@@ -137,12 +137,14 @@ class LinkProcess:
 
     async def close(self) -> None:
         """Stop the sessions (a NOTIFY being taken in is not ACKed: the peer sends it again), then Kafka."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            _, stuck = await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)
-            for task in stuck:
-                log.error("a link task did not stop within %g s: %s", CLOSE_TIMEOUT_S, task.get_stack(limit=5))
+        loop = asyncio.get_running_loop()
+        pending, deadline = set(self._tasks), loop.time() + CLOSE_TIMEOUT_S
+        while pending and loop.time() < deadline:
+            for task in pending:  # again each second: Python 3.11's wait_for may swallow a cancellation
+                task.cancel()  # that comes as its awaitable completes (a login just then, say)
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+        for task in pending:
+            log.error("a link task did not stop within %g s: %s", CLOSE_TIMEOUT_S, task.get_stack(limit=5))
         self._tasks.clear()
         if self.status is not None:
             self.status.close()
