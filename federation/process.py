@@ -59,7 +59,6 @@ class LinkProcess:
         self.fold: InterestFold | None = None
         self.forwarder: Forwarder | None = None
         self.sessions: dict[str, PeerSession] = {}
-        self.pulls: list[Pull] = []
         self._tasks: list[asyncio.Task] = []
         self.status: asyncio.Server | None = None
 
@@ -110,8 +109,7 @@ class LinkProcess:
         while True:
             await changed.wait()
             changed.clear()
-            self.pulls = pulls(self.fold.registry, self.config)
-            for pull in self.pulls:
+            for pull in pulls(self.fold.registry, self.config):
                 name = f"pull:{pull.domain}:{pull.login}"
                 if name not in self.sessions:
                     self._start_pull(name, pull)
@@ -123,8 +121,9 @@ class LinkProcess:
         domain, login = first.domain, first.login
         password = self._password(link.accounts.get(login, "")) if login != "guest" else ""
 
-        def mine() -> list[Pull]:
-            return [pull for pull in self.pulls if (pull.domain, pull.login) == (domain, login)]
+        def mine() -> list[Pull]:  # from the registry as it is now, whichever task woke first
+            return [pull for pull in pulls(self.fold.registry, self.config)
+                    if (pull.domain, pull.login) == (domain, login)]
 
         session = PeerSession(
             Peer(name, host, port, login, password, tls_context(link), login_method(link, login)),
