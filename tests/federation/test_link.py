@@ -227,3 +227,28 @@ def test_a_plain_link_logs_in_with_scram_where_the_peer_refuses_clear(broker, tm
                 assert metric(link.metrics(), 'smqp_link_connect_failures_total{link="a.example"}') == 0
 
             asyncio.run(scenario())
+
+
+def test_the_link_follows_bs_interest_and_retries_what_a_refused_when_bs_registry_changes(broker, tmp_path):
+    """A has no /sport yet: its 404 for /sport/* is skipped and counted; once A has it, the next
+    change of B's subscriptions brings it; bob's UNSUB on B is the link's UNSUB on A."""
+    with two_farms(broker, tmp_path) as (a_gateway, b_gateway):
+        asyncio.run(create_smqp_topics(b_gateway.address, "/sport/x"))
+
+        async def scenario(link: LinkThread) -> None:
+            bob = await subscriber(b_gateway.address, "bob", "/news/*", "/sport/*")
+            await until(holds(a_gateway, "blink", "/news/*"), "B's link subscribed /news/* on A")
+            await until(lambda: 'smqp_link_refused_patterns{link="a.example"} 1' in link.metrics(),
+                        "/sport/* refused")
+            await create_smqp_topics(a_gateway.address, "/sport/x")
+            await bob.subscribe("/sport/x")  # B's registry changes
+            await until(holds(a_gateway, "blink", "/sport/*"), "/sport/* subscribed on A at last")
+            assert 'smqp_link_refused_patterns{link="a.example"} 0' in link.metrics()
+            await publish(a_gateway.address, "/sport/x", "goal", depth=1)
+            assert [n.data for n in await received(bob, 1)] == [b"goal"]
+            await bob.unsubscribe("/news/*")
+            await until(lambda: not holds(a_gateway, "blink", "/news/*")(), "B's link unsubscribed /news/* on A")
+            await bob.quit()
+
+        with LinkThread(b_gateway.config) as link:
+            asyncio.run(scenario(link))
