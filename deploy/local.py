@@ -3,7 +3,8 @@
 Starts a one-node Apache Kafka (deploy/broker.py) with its log under the data
 directory, creates the topics, then the Spark streaming job (local mode), one
 SMQP gateway (with its Prometheus status page) and the ops dashboard as child
-processes, waits until the job has routed its first micro-batch (a cold Spark
+processes (and the farm's link process, ``smqp-link``, when ``[[federation.links]]`` are
+configured), waits until the job has routed its first micro-batch (a cold Spark
 takes tens of seconds), prints where everything is, starts the job again if it fails (up to
 :data:`MAX_JOB_RESTARTS` times), and on Ctrl-C stops them in order: the
 dashboard, the gateway (clients get ``NOTIFY SERVER BYE``), then the job (it
@@ -109,6 +110,15 @@ def banner_text(config: SMQPConfig, broker: KafkaBroker, dashboard_url: str, gat
         "Press Ctrl-C to stop.\n")
 
 
+def child_modules(config: SMQPConfig) -> list[tuple[str, str]]:
+    """The children this launch runs (name, module), in start order: the job, the gateway, and the
+    farm's link process (``smqp-link``) when ``[[federation.links]]`` name peers.  Stopped in reverse."""
+    children = [("streaming job", "streaming.job"), ("gateway", "gateway.server")]
+    if config.federation.links:
+        children.append(("federation link", "federation"))
+    return children
+
+
 def _ports(config: SMQPConfig, broker_port: int, status_port: int) -> dict[str, tuple[str, int]]:
     """The ports this launch listens on (the dashboard's aside: it is an onlooker)."""
     gateway = config.gateway
@@ -117,6 +127,8 @@ def _ports(config: SMQPConfig, broker_port: int, status_port: int) -> dict[str, 
              "SMQP gateway": (gateway.host, gateway.port), "gateway status page": (gateway.host, status_port)}
     if gateway.tls_port:
         ports["SMQPS gateway"] = (gateway.host, gateway.tls_port)
+    if config.federation.links and config.federation.status_port:
+        ports["link status page"] = (gateway.host, config.federation.status_port)
     return ports
 
 
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
         start = {name: functools.partial(subprocess.Popen, [sys.executable, "-m", module], env=env,
                                          start_new_session=True, preexec_fn=die_with_me)
-                 for name, module in (("streaming job", "streaming.job"), ("gateway", "gateway.server"))}
+                 for name, module in child_modules(config)}
         for name, launch in start.items():
             children.append((name, launch()))
         dashboard_env = dict(env, SMQP_DASHBOARD_PORT=str(dashboard_port))

@@ -1,0 +1,5 @@
+import sys
+
+from federation.main import main
+
+sys.exit(main())
