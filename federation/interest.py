@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 
 from gateway.registry import Registry
+from gateway.server.remote import pull_account
 from gateway.server.feeds import RawPublish, control_tail
 from kafka_edge import Cluster, Tail
-from schemas.config import LinkConfig, SMQPConfig
+from schemas.config import SMQPConfig
 from schemas.events import CreateTopic, RemoveTopic, RenameTopic, Subscribe, Unsubscribe
 from schemas.topics import is_account_topic
 
@@ -62,21 +63,14 @@ def peer_accounts(config: SMQPConfig, domain: str) -> set[str]:
 def pulls(registry: Registry, config: SMQPConfig) -> list[Pull]:
     """The remote virtual topics here that a configured link can pull.
 
-    ``Registry.remote_links()`` (topic, domain, remote path, creating account) comes with the
-    gateway's remote virtual topics; a registry without it has none."""
-    links = getattr(registry, "remote_links", None)
+    ``Registry.remote_links()``: (topic, domain, remote path, creating account)."""
     found = []
-    for topic, domain, path, creator in (links() if links is not None else ()):
+    for topic, domain, path, creator in registry.remote_links():
         link = config.federation.link(domain)
         if link is None:
             continue  # its link was configured away: nothing to pull from
-        found.append(Pull(topic, domain.lower(), path, pull_login(link, creator)))
+        found.append(Pull(topic, domain.lower(), path, pull_account(link, creator)))
     return sorted(found, key=lambda pull: (pull.domain, pull.login, pull.topic))
-
-
-def pull_login(link: LinkConfig, creator: str | None) -> str:
-    """Spec 4.1.3: the creating account when the link names it (``accounts``), else guest."""
-    return creator if creator and creator in link.accounts else "guest"
 
 
 class InterestFold:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl as ssl_module
 from collections.abc import Mapping
 
 from federation.forwarder import Forwarder
@@ -23,8 +22,8 @@ from federation.interest import InterestFold, Pull, peer_accounts, pulls, wanted
 from federation.link import Backoff, Peer, PeerSession
 from federation.metrics import LinkMetrics, serve_metrics
 from federation.seen import Seen, rebuild
-from gateway.scram import METHOD as SCRAM_METHOD
 from gateway.server.feeds import open_commands_log
+from gateway.server.remote import link_ssl, login_method, pull_login
 from kafka_edge import Cluster, DurableLog
 from schemas.config import LinkConfig, SMQPConfig
 
@@ -32,18 +31,6 @@ log = logging.getLogger("smqp.federation")
 
 #: Seconds :meth:`LinkProcess.close` waits for its sessions to stop (a stuck one is logged, not awaited).
 CLOSE_TIMEOUT_S = 10.0
-
-
-def tls_context(link: LinkConfig) -> ssl_module.SSLContext | None:
-    """SMQPS to the peer, verified against ``tls_ca`` (else the system's CAs)."""
-    return ssl_module.create_default_context(cafile=link.tls_ca or None) if link.tls else None
-
-
-def login_method(link: LinkConfig, login: str) -> str:
-    """A password crosses a plain connection only as SCRAM-SHA-256 (a peer whose plain port refuses
-    CLEAR, ``clear_only_over_tls``, is reachable so, and the password is never readable on the wire);
-    CLEAR over TLS, and for guest, who has none.  (The gateways' remote check logs in the same way.)"""
-    return "CLEAR" if link.tls or login.lower() == "guest" else SCRAM_METHOD
 
 
 class LinkProcess:
@@ -94,7 +81,7 @@ class LinkProcess:
         host, port = link.host_port
         excluded = peer_accounts(self.config, domain)
         login = link.account or "guest"
-        peer = Peer(name, host, port, login, self._password(link.password_env), tls_context(link),
+        peer = Peer(name, host, port, login, self._password(link.password_env), link_ssl(link),
                     login_method(link, login))
         session = PeerSession(
             peer, lambda: wanted_patterns(self.fold.registry, excluded),
@@ -119,14 +106,18 @@ class LinkProcess:
         link = self.config.federation.link(first.domain)
         host, port = link.host_port
         domain, login = first.domain, first.login
-        password = self._password(link.accounts.get(login, "")) if login != "guest" else ""
+        try:
+            _, password = pull_login(link, login, self.env)
+        except KeyError as missing:
+            log.warning("%s: no password for %s in $%s; pulling with none", domain, login, missing)
+            password = ""
 
         def mine() -> list[Pull]:  # from the registry as it is now, whichever task woke first
             return [pull for pull in pulls(self.fold.registry, self.config)
                     if (pull.domain, pull.login) == (domain, login)]
 
         session = PeerSession(
-            Peer(name, host, port, login, password, tls_context(link), login_method(link, login)),
+            Peer(name, host, port, login, password, link_ssl(link), login_method(link, login)),
             lambda: {pull.path for pull in mine()},
             lambda note: self.forwarder.pull(name, domain, note, lambda path: [p for p in mine() if p.path == path]),
             self.fold.listen(), self.metrics.state(name), lambda: self.metrics.connect_failures.inc(name),

@@ -208,7 +208,7 @@ class LinkConfig:
     what this farm's subscribers want, so the peer forwards to it what their ``Depth`` allows.
     Passwords are never in the file: ``password_env`` names the environment variable holding it."""
 
-    domain: str  # the peer's domain: its [federation] domain (or [gateway] server_host)
+    domain: str  # the peer's domain: its [gateway] server_host
     address: str  # "host:port" of one of the peer's gateways (its SMQPS port when ``tls``)
     account: str = ""  # the peer's account this farm logs in as for forwarding; "" = guest
     password_env: str = ""  # environment variable with that account's password ("" = "guest")
@@ -232,9 +232,9 @@ class LinkConfig:
 
 @dataclass(frozen=True)
 class FederationConfig:
-    """Linked farms (spec 2.3): this farm's domain, the peers that log in here, the links it keeps."""
+    """Linked farms (spec 2.3): the peers that log in here and the links this farm keeps.  The farm's
+    domain is ``[gateway] server_host``, which its SMUIDs already carry."""
 
-    domain: str = ""  # this farm's domain, prefixed to what it forwards; "" = [gateway] server_host
     # account -> domain: sessions of these accounts are other farms' links.  What they subscribe to
     # reaches them only as a message's Depth and Hops allow (schemas.topics.forwards)
     peers: Mapping[str, str] = field(default_factory=dict)
@@ -280,8 +280,8 @@ class SMQPConfig:
 
     @property
     def domain(self) -> str:
-        """This farm's domain (spec 2.3), lower case: ``[federation] domain``, else ``[gateway] server_host``."""
-        return (self.federation.domain or self.gateway.server_host).lower()
+        """This farm's domain (spec 2.3), lower case: ``[gateway] server_host``, the host part of its SMUIDs."""
+        return self.gateway.server_host.lower()
 
     def table_path(self, name: str) -> str:
         """Where Delta table ``name`` lives."""

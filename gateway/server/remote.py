@@ -38,16 +38,23 @@ log = logging.getLogger("smqp.gateway")
 CHECK_TIMEOUT_S = 10.0
 
 
-def pull_login(link: LinkConfig, account: str, env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(account, password) a remote virtual topic created by ``account`` logs in to ``link``'s farm as:
-    the account itself when ``link.accounts`` names it (its password from the environment variable
-    named there), else guest (whose password on an SMQP server of this project is empty).
+def pull_account(link: LinkConfig, account: str | None) -> str:
+    """Spec 4.1.3: a remote virtual topic created by ``account`` logs in to ``link``'s farm as that
+    account when ``link.accounts`` names it, else as guest.  The link process pulls as the same login."""
+    named = next((name for name in link.accounts if account and name.lower() == account.lower()), None)
+    return account if named is not None else GUEST
+
+
+def pull_login(link: LinkConfig, account: str | None, env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(login, password) of :func:`pull_account`: the password from the environment variable
+    ``link.accounts`` names (guest's on an SMQP server of this project is empty).
     ``KeyError`` when that variable is not set."""
     env = os.environ if env is None else env
-    variable = next((v for name, v in link.accounts.items() if name.lower() == account.lower()), None)
-    if variable is None:
+    login = pull_account(link, account)
+    if login == GUEST:
         return GUEST, ""
-    return account, env[variable]
+    variable = next(v for name, v in link.accounts.items() if name.lower() == login.lower())
+    return login, env[variable]
 
 
 def login_method(link: LinkConfig, account: str) -> str:

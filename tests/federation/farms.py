@@ -39,7 +39,7 @@ def with_links(config: SMQPConfig, peers=(), links=()) -> SMQPConfig:
     """``config`` with these peers and links, quick retries and a /metrics port."""
     own = link_account(config.domain)
     return replace(config, federation=FederationConfig(
-        domain=config.domain, peers={link_account(peer): peer for peer in peers},
+        peers={link_account(peer): peer for peer in peers},
         links=tuple(LinkConfig(domain=domain, address=f"127.0.0.1:{port}", account=own,
                                password_env="LINK_PASSWORD") for domain, port in links),
         status_port=free_port(), retry_initial_s=0.1, retry_max_s=1.0))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from federation.interest import Pull, peer_accounts, pull_login, pulls, wanted_patterns
+from federation.interest import Pull, peer_accounts, pulls, wanted_patterns
 from gateway.registry import Registry
 from schemas.config import FederationConfig, LinkConfig, SMQPConfig
 from schemas.events import CreateTopic, Subscribe, Unsubscribe
 
-CONFIG = replace(SMQPConfig(), federation=FederationConfig(
-    domain="a.example", peers={"blink": "b.example", "clink": "c.example"},
+CONFIG = replace(SMQPConfig(), gateway=replace(SMQPConfig().gateway, server_host="a.example"), federation=FederationConfig(
+    peers={"blink": "b.example", "clink": "c.example"},
     links=(LinkConfig(domain="b.example", address="127.0.0.1:7720", account="alink", accounts={"alice": "PW"}),)))
 
 
@@ -42,16 +42,3 @@ def test_a_remote_virtual_topic_is_pulled_as_its_creator_when_the_link_names_it_
                       CreateTopic("r3", "bob", "/quotes/sun", 3, target="z.example/stocks/sun"))
     assert pulls(registry, CONFIG) == [Pull("/quotes/ibm", "b.example", "/stocks/ibm", "alice"),
                                        Pull("/quotes/hp", "b.example", "/stocks/hp", "guest")]
-
-
-def test_the_pull_login():
-    link = CONFIG.federation.links[0]
-    assert (pull_login(link, "alice"), pull_login(link, "bob"), pull_login(link, None)) == ("alice", "guest", "guest")
-
-
-def test_a_password_crosses_a_plain_connection_only_as_scram():
-    from federation.process import login_method
-
-    plain, secure = CONFIG.federation.links[0], replace(CONFIG.federation.links[0], tls=True)
-    assert (login_method(plain, "alink"), login_method(plain, "guest"), login_method(secure, "alink")) == (
-        "SCRAM-SHA-256", "CLEAR", "CLEAR")

@@ -16,6 +16,7 @@ LINK = LinkConfig("b.example", "127.0.0.1:7721", accounts={"Ann": "ANN_AT_B"})
 def test_the_creating_account_when_the_link_names_it_else_guest():
     assert pull_login(LINK, "ann", env={"ANN_AT_B": "s3cret"}) == ("ann", "s3cret")
     assert pull_login(LINK, "bob", env={"ANN_AT_B": "s3cret"}) == ("guest", "")
+    assert pull_login(LINK, None, env={}) == ("guest", "")  # a topic whose creator is not known
     with pytest.raises(KeyError):  # named, but its password is not there: no guessing
         pull_login(LINK, "ann", env={})
 
