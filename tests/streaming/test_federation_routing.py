@@ -118,7 +118,8 @@ def test_a_forwarded_publish_is_stored_with_its_origin_in_a_messages_table_older
     out = sink.outputs(records(spark, [forwarded, ev.Publish(3, "/t", "c3", "ann", "g", US0 + 1)]), 1, T0)
     sink.commit_outputs(out, 1)
 
-    delivered = sorted((d.account, d.smuid, d.origin) for d in map(ev.decode, out["deliver"].column("value").to_pylist()))
+    delivers = map(ev.decode, out["deliver"].column("value").to_pylist())
+    delivered = sorted((d.account, d.smuid, d.origin) for d in delivers)
     assert delivered == [("bob", 2, "b.example/77"), ("bob", 3, None), ("link_c", 2, "b.example/77")]
     stored = DeltaTable(config.table_path("messages")).to_pyarrow_table().sort_by("smuid").to_pylist()
     assert [{name: row[name] for name in ("smuid", *FEDERATION_COLUMNS)} for row in stored] == [

@@ -478,8 +478,8 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
 def test_message_rows(frames):
     evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
     # a publish record older than federation (no depth, no hops) is stored as a local one
-    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None, "none", "all",
-                                          0, [], None, None))
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None,
+                                          "none", "all", 0, [], None, None))
     assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
 
 

@@ -24,7 +24,8 @@ ACCOUNTS = ["alice", "bob", "carol", "link"]
 PEERS = {"link": "b.example", "carol": "c.example"}  # other farms' links ([federation] peers)
 TOPICS = ["/t/x", "/t/x/y", "/u", "/v", "/accounts/bob", "/accounts/Carol", "/accounts/bob/inbox", "/accounts/link"]
 #: (depth, hops, origin, origin_topic) of a publish: local, or forwarded here through b.example or c.example
-FORWARDING = [(0, [], None, None), (1, [], None, None), (-1, [], None, None), (2, ["B.example"], "b.example/9", "b.example/t"),
+FORWARDING = [(0, [], None, None), (1, [], None, None), (-1, [], None, None),
+              (2, ["B.example"], "b.example/9", "b.example/t"),
               (-1, ["a.example", "c.example"], "a.example/3", "a.example/u")]
 PATTERNS = ["/t/x", "/t/*", "/t/x/*", "/t/x/y", "/u", "/accounts/*"]
 HEADERS = [[], [("Content-Type", "text/plain")], [("Guarantee", "NO")], [("guar", " no ")], [("Guarantee", "YES")]]
