@@ -40,6 +40,16 @@ KAFKA_RECORD = _struct(
 
 SECTION_JSON = _struct(("headers", HEADERS), ("data", StringType()))  # data is base64
 
+#: A message's federation fields, as on ``schemas.events.Publish`` and ``Deliver`` (spec 2.3, DEPTH,
+#: the 2002 HOPS): how many more farms it may reach (0: none, -1: no limit), the domains it passed,
+#: and for a message another farm forwarded its SMUID and topic there.
+FEDERATION = (
+    ("depth", IntegerType()),
+    ("hops", ArrayType(StringType())),
+    ("origin", StringType()),
+    ("origin_topic", StringType()),
+)
+
 #: Union of every event on ``smqp.commands`` (see schemas.events).
 COMMAND_EVENT = _struct(
     ("type", StringType()),
@@ -61,6 +71,7 @@ COMMAND_EVENT = _struct(
     ("max_retries", IntegerType()),  # nack
     ("reason", StringType()),  # nack: "timeout" | "disconnect"
     ("delivery", StringType()),  # publish: "all" | "one"
+    *FEDERATION,  # publish
 )
 
 #: Delta table ``messages``: every accepted publish, once.
@@ -80,6 +91,7 @@ MESSAGES_TABLE = _struct(
     ("expires_at", TimestampType()),  # null: a state message (never expires)
     ("receipt", StringType()),  # "none" | "one" | "all" (null in rows written before receipts)
     ("delivery", StringType()),  # "all" | "one" (null: all)
+    *FEDERATION,  # null in rows written before federation: depth 0, hops [], a local message
 )
 
 #: Delta table ``subscriptions``: one row per (account, pattern) ever subscribed.

@@ -21,9 +21,10 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
 
-from schemas.topics import TopicPattern
+from schemas.topics import TopicPattern, forwards
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Offer:
     priority: int
     accepted_at: int  # microseconds
     picked: str | None = None  # the routing query's choice; None: waiting since an earlier batch
+    depth: int = 0  # the message's Depth and Hops: another farm's link may hold it only as they allow
+    hops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def _spread(smuid: int, account: str) -> int:
 
 
 def assign(offers: Iterable[Offer], subscribers: list[Subscriber], holdings: Holdings,
-           limit: Callable[[str], int]) -> dict[int, str | None]:
+           limit: Callable[[str], int], peers: Mapping[str, str] = MappingProxyType({})) -> dict[int, str | None]:
     """Each offer's holder (an account), or None when it must wait.
 
     Offers go in queue order: higher priority first, then by acceptance, so a
@@ -79,7 +82,9 @@ def assign(offers: Iterable[Offer], subscribers: list[Subscriber], holdings: Hol
     subscriber (:meth:`Subscriber.takes`) with the most room, leaving out those
     whose login just ended and, while anyone else is eligible, those that
     handed this message on before (no ping-pong); ties go by a hash.  Every
-    assignment counts against its holder for the offers after it.
+    assignment counts against its holder for the offers after it.  An account of ``peers``
+    (``[federation] peers``, another farm's link) is eligible only when :func:`schemas.topics.forwards`
+    allows the offer's Depth and Hops, as routing decides (:func:`schemas.topics.recipients`).
     """
     load = Counter(holdings.in_flight)
     holders: dict[int, str | None] = {}
@@ -92,7 +97,8 @@ def assign(offers: Iterable[Offer], subscribers: list[Subscriber], holdings: Hol
         if offer.picked is not None and free(offer.picked) > 0:
             holder = offer.picked
         else:
-            everyone = sorted({s.account for s in subscribers if s.takes(offer)} - holdings.gone)
+            everyone = sorted({s.account for s in subscribers if s.takes(offer) and (
+                s.account not in peers or forwards(peers[s.account], offer.depth, offer.hops))} - holdings.gone)
             never_held = [a for a in everyone if (a, offer.smuid) not in holdings.released]
             options = [a for a in (never_held or everyone) if free(a) > 0]
             holder = max(options, key=lambda a: (free(a), _spread(offer.smuid, a))) if options else None

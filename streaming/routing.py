@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from types import MappingProxyType
+from typing import Mapping
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -96,6 +98,10 @@ DELIVERIES = StructType([
     StructField("expires_at", LongType(), True),  # microseconds, as in the event; null: a state message
     StructField("receipt", StringType(), True),  # the message's RECEIPT mode
     StructField("delivery", StringType(), True),  # "all" | "one"
+    StructField("depth", IntegerType(), True),  # the message's federation fields (``schemas.spark.FEDERATION``)
+    StructField("hops", ArrayType(StringType()), True),
+    StructField("origin", StringType(), True),
+    StructField("origin_topic", StringType(), True),
 ])
 
 #: Output of :func:`extract_acks` (``seq``: where the ACK was in the commands log).
@@ -385,7 +391,54 @@ def pick_order_sql(smuid: str, account: str) -> str:
     return f"crc32(CAST(concat(CAST({smuid} AS STRING), '/', {account}) AS BINARY)), {account}"
 
 
-def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
+#: No ``[federation] peers``: every subscriber may get every message.
+NO_PEERS: Mapping[str, str] = MappingProxyType({})
+
+_NO_HOPS = f"CAST(array() AS {ArrayType(StringType()).simpleString()})"
+
+#: SQL: a message's federation fields (``schemas.spark.FEDERATION``) of relation ``{r}``, a null depth
+#: (a record older than federation) read as 0 and null hops as none.
+_FEDERATION = ("coalesce({r}depth, 0) AS depth, coalesce({r}hops, " + _NO_HOPS + ") AS hops, "
+               "{r}origin AS origin, {r}origin_topic AS origin_topic")
+
+
+def federation_sql(relation: str = "") -> str:
+    """SQL: the message's federation columns of ``relation`` (a name, or ``""``: unqualified)."""
+    return _FEDERATION.format(r=f"{relation}." if relation else "")
+
+
+def _string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def forwards_sql(peer_domain: str, depth: str, hops: str) -> str:
+    """SQL of :func:`schemas.topics.forwards`: whether a message of ``depth`` and ``hops`` (SQL
+    expressions; null read as 0 and none) may go on to the farm ``peer_domain``."""
+    passed = f"transform(coalesce({hops}, {_NO_HOPS}), _hop -> lower(_hop))"
+    return f"(coalesce({depth}, 0) <> 0 AND NOT array_contains({passed}, {_string(peer_domain.lower())}))"
+
+
+def may_receive_sql(account: str, depth: str, hops: str, peers: Mapping[str, str] = NO_PEERS) -> str:
+    """SQL: whether subscriber ``account`` (SQL expression) may get a message of ``depth`` and ``hops``:
+    an account of ``[federation] peers`` (another farm's link) only when :func:`forwards_sql` allows, any
+    other always.  The peers rule of :func:`schemas.topics.recipients`, which the gateways and the
+    driver's simple batches apply; each peer a ``WHEN`` of one ``CASE``, built from the configuration,
+    and ``TRUE`` with no peers (nothing added to the plan)."""
+    if not peers:
+        return "TRUE"
+    cases = " ".join(f"WHEN {_string(peer)} THEN {forwards_sql(domain, depth, hops)}"
+                     for peer, domain in sorted(peers.items()))
+    return f"coalesce(CASE {account} {cases} ELSE TRUE END, FALSE)"
+
+
+def _and_may_receive(account: str, depth: str, hops: str, peers: Mapping[str, str]) -> str:
+    """`` AND`` :func:`may_receive_sql` for a join's condition, or nothing with no peers: a constant
+    ``AND TRUE`` there trips Catalyst in :func:`late_sql` ("key not found: smuid")."""
+    return f" AND {may_receive_sql(account, depth, hops, peers)}" if peers else ""
+
+
+def route_all_sql(events: str, intervals: str, one: bool = True, peers: Mapping[str, str] = NO_PEERS) -> str:
     """SQL: :func:`route`'s rows, plus one row of account ``''`` for each publish that reached nobody
     and can expire (``expires_at`` not null): :func:`unrouted` from the same pass.
 
@@ -394,7 +447,9 @@ def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
     owner, and the join is LEFT so that row survives with no subscriber.  A
     second pass over the publishes instead cost ~20 % of a micro-batch.
     ``_reached`` (a window per smuid) tells the publishes that reached nobody;
-    the per-(account, smuid) window after it needs no shuffle of its own.
+    the per-(account, smuid) window after it needs no shuffle of its own.  A subscriber of ``peers``
+    (another farm's link) is reached only as :func:`may_receive_sql` allows, in the join itself, so a
+    DELIVERY ONE message is never picked for it when it may not get it.
     """
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
     pick_one = (f"row_number() OVER (PARTITION BY smuid ORDER BY {pick_order_sql('smuid', 'account')})" if one
@@ -403,14 +458,17 @@ def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
   SELECT *, {pick_one} AS _one FROM (
   SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
     SELECT CASE WHEN _reached THEN _to ELSE '' END AS account, smuid, topic, cmuid, publisher, publisher_guid,
-           accepted_at, priority, headers, sections, seq, expires_at, receipt, delivery
+           accepted_at, priority, headers, sections, seq, expires_at, receipt, delivery, depth, hops, origin,
+           origin_topic
     FROM (
       SELECT *, bool_or(coalesce(_to <> '', FALSE)) OVER (PARTITION BY smuid) AS _reached FROM (
-        SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic THEN p._owner END)) AS _to
+        SELECT p.*, explode(array(s.account, CASE WHEN p._pattern = p.topic
+                                                   {_and_may_receive("p._owner", "p.depth", "p.hops", peers)}
+                                              THEN p._owner END)) AS _to
         FROM (
           SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers,
                  sections, seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt,
-                 lower(coalesce(delivery, 'all')) AS delivery,
+                 lower(coalesce(delivery, 'all')) AS delivery, {federation_sql()},
                  {_micros_to_ts("accepted_at")} AS _at,
                  {account_topic_owner_sql("topic")} AS _owner, explode({candidate_patterns_sql("topic")}) AS _pattern
           FROM {publishes}
@@ -418,19 +476,20 @@ def route_all_sql(events: str, intervals: str, one: bool = True) -> str:
         LEFT JOIN (SELECT account, pattern AS _pattern, from_seq, to_seq, since, until FROM {intervals}) s
         ON p._pattern = s._pattern
            AND (s.from_seq IS NULL OR s.from_seq < p.seq) AND (s.to_seq IS NULL OR p.seq < s.to_seq)
-           AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until)))
+           AND (s.since IS NULL OR s.since <= p._at) AND (s.until IS NULL OR p._at < s.until)
+           {_and_may_receive("s.account", "p.depth", "p.hops", peers)}))
     WHERE coalesce(_to <> '', FALSE) OR (NOT _reached AND expires_at IS NOT NULL)))
   WHERE _d = 1)
 WHERE delivery <> 'one' OR _one = 1"""
 
 
-def route_sql(events: str, intervals: str) -> str:
+def route_sql(events: str, intervals: str, peers: Mapping[str, str] = NO_PEERS) -> str:
     """SQL of :func:`route` over the relations ``events`` and ``intervals`` (:func:`route_all_sql`'s
     rows that name a subscriber)."""
-    return f"SELECT * FROM ({route_all_sql(events, intervals)}) WHERE account <> ''"
+    return f"SELECT * FROM ({route_all_sql(events, intervals, peers=peers)}) WHERE account <> ''"
 
 
-def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
+def route(events: DataFrame, intervals: DataFrame, peers: Mapping[str, str] = NO_PEERS) -> DataFrame:
     """Publishes × subscription intervals → :data:`DELIVERIES`.
 
     A publish reaches an interval whose pattern matches its topic (see
@@ -443,9 +502,11 @@ def route(events: DataFrame, intervals: DataFrame) -> DataFrame:
     counts once, at its first position.  One row per (subscriber account,
     smuid), however many ways reached that account.  A DELIVERY ONE message
     (2002 revision, XEP-0254 queueing) reaches one of them only, picked by a
-    hash of (smuid, account): deterministic on replay, and spread evenly.
+    hash of (smuid, account): deterministic on replay, and spread evenly.  An account of ``peers``
+    (``[federation] peers``: account → domain) is reached only when :func:`schemas.topics.forwards`
+    allows (:func:`may_receive_sql`).
     """
-    return run_sql(route_sql("{events}", "{intervals}"), {"events": events, "intervals": intervals})
+    return run_sql(route_sql("{events}", "{intervals}", peers), {"events": events, "intervals": intervals})
 
 
 # -- late subscribers
@@ -466,31 +527,36 @@ WHERE s.from_seq IS NOT NULL AND s.to_seq IS NULL
                   WHERE p.account = s.account AND p.pattern = s.pattern AND p.to_seq = s.from_seq)"""
 
 
-def late_sql(events: str, intervals: str, stored: str, held: str, routed_all: str, now: int | None) -> str:
+def late_sql(events: str, intervals: str, stored: str, held: str, routed_all: str, now: int | None,
+             peers: Mapping[str, str] = NO_PEERS) -> str:
     """SQL of :func:`late` over the relations ``events``, ``intervals``, ``stored``, ``held`` and
     ``routed_all`` (:func:`route_all_sql`'s rows)."""
     publishes = _first_per("smuid", "seq", events, "type = 'publish'")
     columns = ("smuid, topic, cmuid, publisher, publisher_guid, accepted_at, priority, headers, sections, seq, "
-               "expires_at, receipt, delivery")
+               "expires_at, receipt, delivery, depth, hops, origin, origin_topic")
     candidates = f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, unix_micros(accepted_at) AS accepted_at,
        priority, headers, sections, CAST(NULL AS {_SEQ_DDL}) AS seq, unix_micros(expires_at) AS expires_at,
-       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery, FALSE AS _taken
+       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery,
+       {federation_sql()}, FALSE AS _taken
 FROM {_first_per("smuid", "batch_id", stored)} WHERE smuid NOT IN (SELECT smuid FROM {publishes})
 UNION ALL
 SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, accepted_at, priority, headers, sections,
        seq, expires_at, lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery,
+       {federation_sql()},
        EXISTS (SELECT 1 FROM {routed_all} r WHERE r.smuid = p.smuid AND r.account <> '') AS _taken
 FROM {publishes} p"""
     return f"""SELECT account, {columns} FROM (
   SELECT *, row_number() OVER (PARTITION BY smuid ORDER BY {pick_order_sql("smuid", "account")}) AS _one FROM (
     SELECT *, row_number() OVER (PARTITION BY account, smuid ORDER BY seq) AS _d FROM (
       SELECT s.account, c.smuid, c.topic, c.cmuid, c.publisher, c.publisher_guid, c.accepted_at, c.priority,
-             c.headers, c.sections, s.from_seq AS seq, c.expires_at, c.receipt, c.delivery
+             c.headers, c.sections, s.from_seq AS seq, c.expires_at, c.receipt, c.delivery, c.depth, c.hops,
+             c.origin, c.origin_topic
       FROM (SELECT *, {_micros_to_ts("accepted_at")} AS _at, explode({candidate_patterns_sql("topic")}) AS _pattern
             FROM ({candidates}) WHERE NOT {_expired("expires_at", now)} AND NOT (delivery = 'one' AND _taken)) c
       JOIN ({_opened_sql(intervals)}) s
       ON s.pattern = c._pattern AND (c.seq IS NULL OR c.seq < s.from_seq)
-         AND (s.since IS NULL OR s.since <= c._at) AND (s.until IS NULL OR c._at < s.until)) m
+         AND (s.since IS NULL OR s.since <= c._at) AND (s.until IS NULL OR c._at < s.until)
+         {_and_may_receive("s.account", "c.depth", "c.hops", peers)}) m
     WHERE NOT EXISTS (SELECT 1 FROM {held} h WHERE h.account = m.account AND h.smuid = m.smuid)
       AND NOT EXISTS (SELECT 1 FROM {routed_all} r WHERE r.account = m.account AND r.smuid = m.smuid))
   WHERE _d = 1)
@@ -498,7 +564,7 @@ WHERE delivery <> 'one' OR _one = 1"""
 
 
 def late(events: DataFrame, intervals: DataFrame, stored: DataFrame, held: DataFrame, routed_all: DataFrame,
-         now: int | None) -> DataFrame:
+         now: int | None, peers: Mapping[str, str] = NO_PEERS) -> DataFrame:
     """Messages published before a SUBSCRIBE that still reach it → :data:`DELIVERIES`.
 
     A message lives for its timeout (issue 4): a subscription this batch starts
@@ -512,9 +578,10 @@ def late(events: DataFrame, intervals: DataFrame, stored: DataFrame, held: DataF
     batch's publishes before the SUBSCRIBE.  A DELIVERY ONE message goes only
     when nobody holds it (the sink reads no stored one that anybody holds), to
     one of the new subscribers, picked by a hash like :func:`route`.  ``seq``
-    is the SUBSCRIBE's: these Delivers answer it.
+    is the SUBSCRIBE's: these Delivers answer it.  A new subscriber of ``peers`` gets what
+    :func:`may_receive_sql` allows, as in :func:`route`.
     """
-    return run_sql(late_sql("{events}", "{intervals}", "{stored}", "{held}", "{routed_all}", now),
+    return run_sql(late_sql("{events}", "{intervals}", "{stored}", "{held}", "{routed_all}", now, peers),
                    {"events": events, "intervals": intervals, "stored": stored, "held": held,
                     "routed_all": routed_all})
 
@@ -640,7 +707,7 @@ def message_rows_sql(events: str, batch_id: int) -> str:
     return f"""SELECT smuid, topic, cmuid, account AS publisher, guid AS publisher_guid, priority, headers, sections,
        {_micros_to_ts("accepted_at")} AS accepted_at, kafka_partition, kafka_offset,
        {sql_literal(batch_id)} AS batch_id, {_micros_to_ts("expires_at")} AS expires_at,
-       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery
+       lower(coalesce(receipt, 'none')) AS receipt, lower(coalesce(delivery, 'all')) AS delivery, {federation_sql()}
 FROM {_first_per("smuid", "seq", events, "type = 'publish'")}"""
 
 
@@ -868,7 +935,8 @@ def retried(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: D
                                "{released}" if released is not None else None), frames)
 
 
-def released_sql(events: str, retrying: str, acks: str, expiring: str, intervals: str, messages: str) -> str:
+def released_sql(events: str, retrying: str, acks: str, expiring: str, intervals: str, messages: str,
+                 peers: Mapping[str, str] = NO_PEERS) -> str:
     """SQL of :func:`released` over the relations ``events``, ``retrying``, ``acks``, ``expiring``,
     ``intervals`` and ``messages``."""
     held = f"""SELECT n.account, n.smuid, n.seq FROM (
@@ -883,17 +951,19 @@ def released_sql(events: str, retrying: str, acks: str, expiring: str, intervals
   SELECT c.*, row_number() OVER (PARTITION BY c.smuid ORDER BY {order}) AS _k
   FROM (
     SELECT h.account, h.smuid, h.seq, s.account AS `to`
-    FROM (SELECT h.*, m.accepted_at AS _at, explode({candidate_patterns_sql("m.topic")}) AS _pattern
+    FROM (SELECT h.*, m.accepted_at AS _at, m.depth AS _depth, m.hops AS _hops,
+                 explode({candidate_patterns_sql("m.topic")}) AS _pattern
           FROM ({held}) h JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = h.smuid) h
     JOIN {intervals} s ON s.pattern = h._pattern AND s.to_seq IS NULL
          AND (s.since IS NULL OR s.since <= h._at) AND (s.until IS NULL OR h._at < s.until)
+         {_and_may_receive("s.account", "h._depth", "h._hops", peers)}
     WHERE s.account <> h.account AND s.account NOT IN ({gone})) c
   LEFT JOIN (SELECT DISTINCT account, smuid FROM {retrying}) p ON p.account = c.`to` AND p.smuid = c.smuid)
 WHERE _k = 1"""
 
 
 def released(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: DataFrame, intervals: DataFrame,
-             messages: DataFrame) -> DataFrame:
+             messages: DataFrame, peers: Mapping[str, str] = NO_PEERS) -> DataFrame:
     """NACKed DELIVERY ONE deliveries and who gets them instead → :data:`RELEASED`.
 
     XEP-0254 queueing: a DELIVERY ONE message is locked to one subscriber until
@@ -905,9 +975,10 @@ def released(events: DataFrame, retrying: DataFrame, acks: DataFrame, expiring: 
     (smuid, account).  With nobody else, nothing is released and the NACK
     counts as a retry (:func:`retried`).  ``retrying`` holds the stored
     deliveries of the NACKed messages, every account's; ``messages`` has the
-    ``MESSAGES_TABLE`` columns.
+    ``MESSAGES_TABLE`` columns.  A subscriber of ``peers`` takes it only as :func:`may_receive_sql` allows.
     """
-    return run_sql(released_sql("{events}", "{retrying}", "{acks}", "{expiring}", "{intervals}", "{messages}"),
+    return run_sql(released_sql("{events}", "{retrying}", "{acks}", "{expiring}", "{intervals}", "{messages}",
+                                peers),
                    {"events": events, "retrying": retrying, "acks": acks, "expiring": expiring,
                     "intervals": intervals, "messages": messages})
 
@@ -916,7 +987,8 @@ def reassigned_sql(released: str, messages: str) -> str:
     """SQL: :func:`released` → the new deliveries (:data:`DELIVERIES`) to their new subscribers."""
     return f"""SELECT x.`to` AS account, m.smuid, m.topic, m.cmuid, m.publisher, m.publisher_guid,
        unix_micros(m.accepted_at) AS accepted_at, m.priority, m.headers, m.sections, x.seq,
-       unix_micros(m.expires_at) AS expires_at, coalesce(m.receipt, 'none') AS receipt, 'one' AS delivery
+       unix_micros(m.expires_at) AS expires_at, coalesce(m.receipt, 'none') AS receipt, 'one' AS delivery,
+       {federation_sql("m")}
 FROM {released} x JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = x.smuid"""
 
 
@@ -1041,7 +1113,9 @@ def deliver_records_sql(deliveries: str) -> str:
          'priority', coalesce(priority, 0),
          'headers', coalesce(headers, CAST(array() AS {HEADERS.simpleString()})),
          'sections', coalesce(sections, CAST(array() AS {ArrayType(SECTION_JSON).simpleString()})),
-         'delivery', coalesce(delivery, 'all'), 'expires_at', expires_at)) AS value,
+         'delivery', coalesce(delivery, 'all'), 'expires_at', expires_at,
+         'depth', coalesce(depth, 0), 'hops', coalesce(hops, {_NO_HOPS}), 'origin', origin,
+         'origin_topic', origin_topic)) AS value,
        seq
 FROM {deliveries}"""
 
@@ -1205,6 +1279,7 @@ def receipt_messages_sql(due: str, messages: str, now: int | None) -> str:
                                            array('Content-Length', CAST(length({body}) AS STRING))),
                           'data', base64(CAST({body} AS BINARY)))) AS sections,
        CAST(NULL AS {_SEQ_DDL}) AS seq, CAST(NULL AS BIGINT) AS expires_at, 'none' AS receipt, 'all' AS delivery,
+       0 AS depth, {_NO_HOPS} AS hops, CAST(NULL AS STRING) AS origin, CAST(NULL AS STRING) AS origin_topic,
        d.smuid AS receipt_for, d.mode, d.acked, d.targeted
 FROM (SELECT *, row_number() OVER (ORDER BY smuid) - 1 AS {k} FROM {due}) d
 JOIN {_first_per("smuid", "batch_id", messages)} m ON m.smuid = d.smuid"""
@@ -1237,5 +1312,5 @@ def receipt_message_rows_sql(receipts: str, batch_id: int) -> str:
     return f"""SELECT smuid, topic, cmuid, publisher, publisher_guid, priority, headers, sections,
        timestamp_micros(accepted_at) AS accepted_at, CAST(NULL AS INT) AS kafka_partition,
        CAST(NULL AS BIGINT) AS kafka_offset, {sql_literal(batch_id)} AS batch_id,
-       CAST(NULL AS TIMESTAMP) AS expires_at, receipt, delivery
+       CAST(NULL AS TIMESTAMP) AS expires_at, receipt, delivery, depth, hops, origin, origin_topic
 FROM {receipts}"""

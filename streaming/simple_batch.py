@@ -22,6 +22,8 @@ import json
 import zlib
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
+from typing import Mapping
 
 import pyarrow as pa
 
@@ -97,7 +99,14 @@ def _deliver_value(account: str, publish: dict) -> str:
                   "cmuid": publish["cmuid"], "publisher": publish["account"], "publisher_guid": publish["guid"],
                   "accepted_at": publish["accepted_at"], "priority": publish["priority"] or 0,
                   "headers": publish["headers"] or [], "sections": sections,
-                  "delivery": _lower(publish["delivery"], "all"), "expires_at": publish["expires_at"]})
+                  "delivery": _lower(publish["delivery"], "all"), "expires_at": publish["expires_at"],
+                  **_federation(publish)})
+
+
+def _federation(publish: dict) -> dict:
+    """The publish's federation fields (:func:`routing.federation_sql`): a null depth read as 0, null hops as none."""
+    return {"depth": publish["depth"] or 0, "hops": publish["hops"] or [], "origin": publish["origin"],
+            "origin_topic": publish["origin_topic"]}
 
 
 def _acked_value(account: str, smuid: int) -> str:
@@ -111,21 +120,24 @@ def _lower(value: str | None, default: str) -> str:
 class _Subscribers:
     """The active subscriptions before the batch, by pattern: who a publish reaches."""
 
-    def __init__(self, current: pa.Table):
+    def __init__(self, current: pa.Table, peers: Mapping[str, str]):
+        self._peers = peers
         self._by_pattern: dict[str, list[tuple[str, int | None, int | None]]] = {}
         since, until = (current.column(name).cast(pa.int64()).to_pylist() for name in ("since", "until"))
         for account, pattern, since_at, until_at in zip(current.column("account").to_pylist(),
                                                        current.column("pattern").to_pylist(), since, until):
             self._by_pattern.setdefault(pattern, []).append((account, since_at, until_at))
 
-    def of(self, topic: str, accepted_at: int | None) -> set[str]:
-        """The accounts a message of ``topic`` accepted at ``accepted_at`` reaches
-        (:func:`schemas.topics.recipients`)."""
-        return recipients(topic, accepted_at, lambda pattern: self._by_pattern.get(pattern, ()))
+    def of(self, publish: dict) -> set[str]:
+        """The accounts ``publish`` reaches (:func:`schemas.topics.recipients`): another farm's link
+        (``[federation] peers``) only as the message's Depth and Hops allow."""
+        return recipients(publish["topic"], publish["accepted_at"], lambda pattern: self._by_pattern.get(pattern, ()),
+                          publish["depth"] or 0, publish["hops"] or (), self._peers)
 
 
 def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
-          routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True) -> dict[str, list[dict]]:
+          routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
+          peers: Mapping[str, str] = MappingProxyType({})) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``decoded`` its records (:data:`routing.EVENTS`,
     ``streaming.sink.decode_records``), ``current`` the active subscriptions before it
@@ -133,17 +145,18 @@ def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Ta
     ``now`` (:data:`routing.PENDING`), ``stored`` their messages (``MESSAGES_TABLE`` columns);
     ``new_may_expire``: whether a message of the batch may (``streaming.sink.may_expire``: when not,
     the query does not look for stored deliveries the batch routes again); ``one``: whether a
-    publish may be DELIVERY ONE (``streaming.sink.has_delivery_one``: when not, none is treated so)."""
+    publish may be DELIVERY ONE (``streaming.sink.has_delivery_one``: when not, none is treated so);
+    ``peers``: the ``[federation] peers`` (account → domain)."""
     events = [event for event in decoded.to_pylist() if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
-    subscribers = _Subscribers(current)
+    subscribers = _Subscribers(current, peers)
     out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
     routed: set[tuple[str, int]] = set()
     expiring: dict[int, list[str]] = {}  # smuid → the accounts whose delivery of it expires ('': nobody's)
     for smuid, publish in publishes.items():
         out["messages"].append(_message_row(publish, batch_id))
-        reached = subscribers.of(publish["topic"], publish["accepted_at"])
+        reached = subscribers.of(publish)
         if one and reached and _lower(publish["delivery"], "all") == "one":
             reached = {min(reached, key=lambda account: pick_order(smuid, account))}
         unguaranteed = _unguaranteed(publish["headers"])
@@ -211,7 +224,7 @@ def _message_row(publish: dict, batch_id: int) -> dict:
             "headers": publish["headers"], "sections": publish["sections"], "accepted_at": publish["accepted_at"],
             "kafka_partition": publish["kafka_partition"], "kafka_offset": publish["kafka_offset"],
             "batch_id": batch_id, "expires_at": publish["expires_at"], "receipt": _lower(publish["receipt"], "none"),
-            "delivery": _lower(publish["delivery"], "all")}
+            "delivery": _lower(publish["delivery"], "all"), **_federation(publish)}
 
 
 #: A ``deliveries`` output row's columns no simple batch sets.

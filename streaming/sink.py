@@ -34,7 +34,7 @@ import re
 import time
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,7 +103,8 @@ _UNROUTED = StructType([StructField("smuid", LongType()), StructField("topic", S
 
 #: The columns of the stored messages the Trash, the receipts and DELIVERY ONE reassignments need.
 _STORED_COLUMNS = ["smuid", "topic", "cmuid", "publisher", "publisher_guid", "priority", "headers", "sections",
-                   "accepted_at", "batch_id", "expires_at", "receipt", "delivery"]
+                   "accepted_at", "batch_id", "expires_at", "receipt", "delivery", "depth", "hops", "origin",
+                   "origin_topic"]
 
 #: :data:`_STORED_COLUMNS` as a schema.
 _STORED = StructType([MESSAGES_TABLE[name] for name in _STORED_COLUMNS])
@@ -162,7 +163,8 @@ def _as_struct(kind: StructType) -> str:
 
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
               retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
-              clearing: bool = False, removing: bool = False, releases: bool = True) -> str:
+              clearing: bool = False, removing: bool = False, releases: bool = True,
+              peers: Mapping[str, str] = routing.NO_PEERS) -> str:
     """The whole batch but its progress as one query over the relations ``{decoded_publish}``,
     ``{decoded_subscription}``, ``{decoded_ack}`` and ``{decoded_nack}`` (the batch's records,
     :func:`decode_records`, by kind: :func:`events_by_kind`), ``{current}``, ``{pending}``
@@ -190,7 +192,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     subscriber before it (:func:`routing.withheld`); ``removing``: a REMOVE TOPIC left
     messages nobody holds (``{orphaned}``, :meth:`CommandSink.orphaned` and
     :func:`published_before_removal`; those the batch routes to somebody stay).  A smaller plan is
-    what matters: analysing and optimising the query is most of a micro-batch.
+    what matters: analysing and optimising the query is most of a micro-batch.  ``peers``: the
+    ``[federation] peers``, which get a message only as its Depth and Hops allow (:func:`routing.may_receive_sql`).
     """
     new, stored = expiry
     source = ", ".join(_STORED_COLUMNS)
@@ -198,9 +201,9 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
     ctes = {
         **{f"events_{kind}": routing.valid_events_sql(f"{{decoded_{kind}}}") for kind in EVENT_KINDS},
         "intervals": routing.subscription_intervals_sql("{current}", "events_subscription"),
-        "routed_all": routing.route_all_sql("events_publish", "intervals", one),
-        "late": (routing.late_sql("events_publish", "intervals", "{late_stored}", "{late_held}", "routed_all", now)
-                 if late else _empty(routing.DELIVERIES)),
+        "routed_all": routing.route_all_sql("events_publish", "intervals", one, peers),
+        "late": (routing.late_sql("events_publish", "intervals", "{late_stored}", "{late_held}", "routed_all", now,
+                                  peers) if late else _empty(routing.DELIVERIES)),
         "routed": (routing.withheld_sql("events_subscription", f"({routed})", cleared=False) if clearing else routed),
         "withheld": (routing.withheld_sql("events_subscription", f"({routed})") if clearing
                      else _empty(routing.DELIVERIES)),
@@ -218,8 +221,8 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                     else _empty(routing.RETRYING),
         "new_messages": routing.message_rows_sql("events_publish", batch_id),
         "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",
-        "released": (routing.released_sql("events_nack", "{retrying}", "acks", "expiring", "intervals", "all_messages")
-                     if releases else _empty(routing.RELEASED)),
+        "released": (routing.released_sql("events_nack", "{retrying}", "acks", "expiring", "intervals", "all_messages",
+                                          peers) if releases else _empty(routing.RELEASED)),
         "reassigned": routing.reassigned_sql("released", "all_messages") if releases else _empty(routing.DELIVERIES),
         "retried": (routing.retried_sql("events_nack", "retrying", "acks", "expiring", "released") if retries
                     else _empty(routing.RETRIED)),
@@ -622,10 +625,11 @@ def _record_smuids(records: pa.Table) -> pa.Array:
     return pc.cast(found, pa.int64())
 
 
-def _accepted_at(deliver: pa.Table) -> dict[int, int]:
-    """smuid → accepted_at of the batch's DELIVERY ONE Deliver records."""
+def _picked_messages(deliver: pa.Table) -> dict[int, dict]:
+    """smuid → the batch's DELIVERY ONE Deliver records (as JSON objects): when the message was
+    accepted, its Depth and Hops."""
     ones = deliver.filter(pc.match_substring(deliver.column("value"), '"delivery":"one"'))
-    return {event["smuid"]: event["accepted_at"] for event in map(json.loads, ones.column("value").to_pylist())}
+    return {event["smuid"]: event for event in map(json.loads, ones.column("value").to_pylist())}
 
 
 def _delivery_row(message: dict, account: str, status: str, batch_id: int, routed_at: datetime,
@@ -644,7 +648,8 @@ def _deliver_record(message: dict, account: str) -> dict:
                     accepted_at=_micros(message["accepted_at"]), priority=message["priority"] or 0,
                     headers=[tuple(h) for h in message["headers"] or []],
                     sections=[Section.from_json(s) for s in message["sections"] or []], delivery="one",
-                    expires_at=_micros(message["expires_at"]))
+                    expires_at=_micros(message["expires_at"]), depth=message["depth"] or 0,
+                    hops=list(message["hops"] or []), origin=message["origin"], origin_topic=message["origin_topic"])
     return {"key": account.encode(), "value": event.to_bytes().decode(), "seq": None}
 
 
@@ -1084,12 +1089,15 @@ WHERE {alive}({matches})
         """:func:`dispatch.assign` over this batch's picks and the ``unpicked`` messages (smuid → its
         row): those waiting and those a SINCE ``cleared`` away from their holder (smuid → that
         account, which never gets it back); ``settled``: :func:`_settlements` of the batch."""
-        offers = {smuid: dispatch.Offer(smuid, row["topic"], row["priority"] or 0, _micros(row["accepted_at"]))
+        offers = {smuid: dispatch.Offer(smuid, row["topic"], row["priority"] or 0, _micros(row["accepted_at"]),
+                                        depth=row["depth"] or 0, hops=tuple(row["hops"] or ()))
                   for smuid, row in unpicked.items()}
-        accepted = _accepted_at(out["deliver"])
+        sent = _picked_messages(out["deliver"])
         for row in picked.to_pylist():
+            message = sent.get(row["smuid"], {})
             offers[row["smuid"]] = dispatch.Offer(row["smuid"], row["topic"], row["priority"] or 0,
-                                                  accepted.get(row["smuid"], 0), picked=row["account"])
+                                                  message.get("accepted_at", 0), picked=row["account"],
+                                                  depth=message.get("depth", 0), hops=tuple(message.get("hops", ())))
         if not offers:
             return {}
         pending = pa.table(QueryBuilder().register("deliveries", table).execute(
@@ -1107,7 +1115,7 @@ WHERE {alive}({matches})
         holdings = dispatch.Holdings(in_flight, frozenset(handed_on), gone)
         limit = self.topic_settings.resolve
         return dispatch.assign(offers.values(), self._subscribers(out["subscriptions"]), holdings,
-                               lambda topic: limit(topic).max_in_flight)
+                               lambda topic: limit(topic).max_in_flight, self.config.federation.peers)
 
     def _subscribers(self, changed: pa.Table) -> list[dispatch.Subscriber]:
         """The active subscriptions at the end of the batch: the stored ones, as this batch left them."""
@@ -1177,13 +1185,14 @@ WHERE {alive}({matches})
         started = time.monotonic()
         if self.config.streaming.simple_batches and simple_batch.is_simple(shape):
             rows = simple_batch.route(decoded, self.active_subscriptions(), pending, stored, batch_id, routed_at, now,
-                                      new_may_expire=expiry[0], one=one)
+                                      new_may_expire=expiry[0], one=one, peers=self.config.federation.peers)
             out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
             self.query_ms = {"plan": 0.0, "run": (time.monotonic() - started) * 1000}
         else:
             sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts, one, late,
                             clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
-                            orphaned.num_rows > 0, releases=retrying.num_rows > 0)
+                            orphaned.num_rows > 0, releases=retrying.num_rows > 0,
+                            peers=self.config.federation.peers)
             # each kind of event a relation of its own (:func:`events_by_kind`)
             relations = {f"decoded_{kind}": (rows, routing.EVENTS) for kind, rows in events_by_kind(decoded).items()}
             relations.update(pending=(pending, routing.PENDING), retrying=(retrying, routing.RETRYING),

@@ -103,6 +103,17 @@ def test_open_history_registers_every_table(history, spark):
     assert read["messages"] == 0 and read["deliveries"] == DeltaTable(history.config.table_path("deliveries")).version()
 
 
+
+def test_every_message_shows_its_federation_fields(history, spark):
+    """Issue 33: Depth, Hops and the origin of a message are columns of ``messages``; every message of
+    this history was published here, so it stayed local and came from nowhere else."""
+    session = spark.newSession()
+    open_history(history.config, spark=session)
+    rows = session.sql("SELECT depth, hops, origin, origin_topic, count(*) AS n FROM messages "
+                       "GROUP BY depth, hops, origin, origin_topic").collect()
+    assert [tuple(row) for row in rows] == [(0, [], None, None, 8)]
+
+
 def test_documented_example_queries_run(history, tmp_path):
     """Every ```sql block of docs/design.md's "Example queries" (the README links there), on this history."""
     text = DESIGN.read_text()

@@ -44,11 +44,11 @@ def make_seq(offset: int):
 def event(kind: str, offset: int, *, smuid=None, topic=None, account=None, guid="g", pattern=None,
           cmuid=None, priority=None, headers=None, sections=None, since=None, until=None,
           accepted=None, expires_at=None, tick_at=None, receipt=None, max_retries=None, reason=None,
-          delivery=None) -> tuple:
+          delivery=None, depth=None, hops=None, origin=None, origin_topic=None) -> tuple:
     """One EVENTS row (field order of routing.EVENTS); accepted at ``accepted`` (an offset), else ``offset``."""
     return (kind, smuid, topic, cmuid, account, guid, pattern, at(offset if accepted is None else accepted),
             priority, headers, sections, since, until, expires_at, tick_at, receipt, max_retries, reason,
-            delivery, seq(offset), 0, offset)
+            delivery, depth, hops, origin, origin_topic, seq(offset), 0, offset)
 
 
 def publish(offset, smuid, topic, account="pub", **kw):
@@ -99,9 +99,11 @@ def frames(spark):
     class Frames:
         @staticmethod
         def events(*rows):
-            # rows written before expires_at / at, and receipt / max_retries / reason, existed: null
-            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 6 else r for r in rows]
-            rows = [r[:15] + (None, None, None, None) + r[15:] if len(r) == len(EVENTS) - 4 else r for r in rows]
+            # rows written before expires_at / at, and receipt / max_retries / reason, and the federation
+            # fields (depth, hops, origin, origin_topic) existed: null
+            rows = [r[:13] + (None, None) + r[13:] if len(r) == len(EVENTS) - 10 else r for r in rows]
+            rows = [r[:15] + (None, None, None, None) + r[15:] if len(r) == len(EVENTS) - 8 else r for r in rows]
+            rows = [r[:19] + (None, None, None, None) + r[19:] if len(r) == len(EVENTS) - 4 else r for r in rows]
             return spark.createDataFrame(rows, EVENTS)
 
         @staticmethod
@@ -110,13 +112,17 @@ def frames(spark):
 
         @staticmethod
         def deliveries(*rows):
-            # rows written before expires_at existed: a state message; before receipts: none asked
-            rows = [r + (None,) if len(r) == len(DELIVERIES) - 3 else r for r in rows]
-            rows = [r + ("none", "all") if len(r) == len(DELIVERIES) - 2 else r for r in rows]
+            # rows written before expires_at existed: a state message; before receipts: none asked; before
+            # federation: a local message
+            rows = [r + (None,) if len(r) == len(DELIVERIES) - 7 else r for r in rows]
+            rows = [r + ("none", "all") if len(r) == len(DELIVERIES) - 6 else r for r in rows]
+            rows = [r + (0, [], None, None) if len(r) == len(DELIVERIES) - 4 else r for r in rows]
             return spark.createDataFrame(rows, DELIVERIES)
 
         @staticmethod
         def of(schema, *rows):
+            if schema is MESSAGES_TABLE:  # rows as written before federation: its columns null
+                rows = [r + (None,) * (len(schema) - len(r)) for r in rows]
             return spark.createDataFrame(list(rows), schema)
 
     return Frames
@@ -158,7 +164,7 @@ def test_parse_commands_reads_every_command_type_and_drops_bad_records(spark, fr
     expected = frames.events(
         ("publish", 7, "/stocks/quotes/ibm", "c1", "alice", "ga", None, at(0), 3, [["Subject", "IBM"]],
          [([["Content-Type", "text/plain"]], "AGhlbGxv")], None, None, None, None, "none", None, None, "all",
-         seq(0), 0, 0),
+         0, [], None, None, seq(0), 0, 0),
         ("subscribe", None, None, None, "bob", "gb", "/stocks/*", at(1), None, None, None, None, None,
          seq(1), 0, 1),
         ("unsubscribe", None, None, None, "bob", "gb", "/stocks/*", at(2), None, None, None, None, None,
@@ -471,7 +477,9 @@ def test_delivery_updates_marks_same_batch_acks_and_keeps_others_for_update(fram
 
 def test_message_rows(frames):
     evts = frames.events(publish(1, 1, "/t", account="alice", headers=[["A", "b"]]), subscribe(2, "b", "/t"))
-    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None, "none", "all"))
+    # a publish record older than federation (no depth, no hops) is stored as a local one
+    expected = frames.of(MESSAGES_TABLE, (1, "/t", "c1", "alice", "g", 0, [["A", "b"]], [], ts(1), 0, 1, 3, None,
+                                          "none", "all", 0, [], None, None))
     assert_df_equality(routing.message_rows(evts, 3), expected, ignore_row_order=True, ignore_nullable=True)
 
 

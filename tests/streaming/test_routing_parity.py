@@ -12,12 +12,15 @@ each in a namespace of its own (topics under ``/c<n>``, accounts ``c<n><name>``)
 job in one pass; the log's first part is a batch the job has committed before (its subscriptions
 come back as the stored ``current`` ones), the rest the batch under test.  The records carry the
 clocks of several gateways, a few milliseconds apart, so a record's timestamp may be earlier than
-the one before it: the job must still follow the log's order, as the fold does.
+the one before it: the job must still follow the log's order, as the fold does.  Each case's ``cy`` is
+another farm's link (``[federation] peers``, domain b.example), and publishes carry a Depth and Hops
+(issue 33): both must let a message on to it under the one rule, :func:`schemas.topics.forwards`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -27,6 +30,7 @@ from hypothesis import strategies as st
 
 from gateway.registry import Registry
 from schemas import events as ev
+from schemas import topics
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming import routing
 from streaming.sink import decode_records, in_log_order
@@ -40,6 +44,9 @@ ACCOUNTS = ("ann", "bob", "cy")
 LEVELS = ("x", "y", "xy")  # "xy" next to "x": /c/x/* must not reach /c/xy
 INSTANTS = st.integers(0, 6)  # µs after US0: SINCE, UNTIL and acceptance meet, and miss by one
 SKEW_MS = 3  # how far each record's gateway clock may be off, while records are a millisecond apart
+PEER, PEER_DOMAIN = "cy", "b.example"  # each case's ``cy`` is b.example's link
+DEPTHS = st.sampled_from([0, 0, 1, -1, 2])
+HOPS = st.sampled_from([[], [], ["a.example"], ["B.Example"], ["a.example", "b.example"]])
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def cases(draw) -> Case:
     bound = st.one_of(st.none(), st.none(), INSTANTS)
     subscribe = st.tuples(st.just("sub"), accounts, pattern, bound, bound)
     unsubscribe = st.tuples(st.just("unsub"), accounts, st.one_of(pattern, pattern, pattern, st.just("everything")))
-    publish = st.tuples(st.just("pub"), paths, INSTANTS)
+    publish = st.tuples(st.just("pub"), paths, INSTANTS, DEPTHS, HOPS)
     prior = draw(st.lists(st.one_of(subscribe, subscribe, unsubscribe), max_size=4))
     batch = draw(st.lists(st.one_of(subscribe, subscribe, subscribe, unsubscribe, publish, publish, publish),
                            min_size=3, max_size=12))
@@ -103,8 +110,9 @@ def _events(n: int, ops: tuple) -> list:
             made.append(ev.Unsubscribe(f"c{n}{account}", "g", "/*" if everything else _pattern(n, pattern), US0,
                                        everything=everything))
         else:
-            _, path, accepted = op
-            made.append(ev.Publish(1000 * n + i, _path(n, path), "c", "pub", "g", US0 + accepted))
+            _, path, accepted, depth, hops = op
+            made.append(ev.Publish(1000 * n + i, _path(n, path), "c", "pub", "g", US0 + accepted, depth=depth,
+                                   hops=hops))
     return made
 
 
@@ -118,20 +126,36 @@ def _records(events: list, first_offset: int, skew_ms: Callable[[int], int]) -> 
     return pa.Table.from_pylist(rows, schema=arrow_schema(KAFKA_RECORD))
 
 
-def gateway_routing(log: list) -> dict[int, list[str]]:
+def peers_of(cases: int) -> dict[str, str]:
+    """``[federation] peers`` of ``cases`` cases: each one's :data:`PEER` is b.example's link."""
+    return {f"c{n}{PEER}": PEER_DOMAIN for n in range(cases)}
+
+
+def _recipients(registry: Registry, publish: ev.Publish, peers: Mapping[str, str]) -> list[str]:
+    """The gateway's early routing of ``publish``: ``Registry.recipients`` once it takes Depth, Hops and
+    peers (helper GW's change), else the rule it applies, :func:`schemas.topics.recipients`, over the
+    registry's own subscriber lookup."""
+    if "peers" in inspect.signature(registry.recipients).parameters:
+        return registry.recipients(publish.topic, publish.accepted_at, depth=publish.depth, hops=publish.hops,
+                                   peers=peers)
+    return sorted(topics.recipients(publish.topic, publish.accepted_at, registry._subscribers_of, publish.depth,
+                                    publish.hops, peers))
+
+
+def gateway_routing(log: list, peers: Mapping[str, str] = routing.NO_PEERS) -> dict[int, list[str]]:
     """Each publish's recipients as a gateway's fold of ``log`` names them when it reaches it."""
     registry = Registry(is_account=lambda name: True, server_timeout="60")
     found = {}
     for offset, event in enumerate(log):
         if isinstance(event, ev.Publish):
-            found[event.smuid] = registry.recipients(event.topic, event.accepted_at)
+            found[event.smuid] = _recipients(registry, event, peers)
         else:
             registry.apply(event, offset)
     return found
 
 
-def job_routing(spark, prior: list, batch: list, skew_ms: Callable[[int], int] = lambda offset: 0
-                ) -> dict[int, list[str]]:
+def job_routing(spark, prior: list, batch: list, skew_ms: Callable[[int], int] = lambda offset: 0,
+                peers: Mapping[str, str] = routing.NO_PEERS) -> dict[int, list[str]]:
     """Each publish's recipients as the job routes ``batch`` after it committed ``prior``, the
     records' timestamps put in log order as the sink does (:func:`streaming.sink.in_log_order`)."""
     floors: dict[int, int] = {}
@@ -145,7 +169,7 @@ def job_routing(spark, prior: list, batch: list, skew_ms: Callable[[int], int] =
     before = frame(prior, 0)
     current = routing.subscription_state(routing.subscription_intervals(nothing, before), 1).where("active")
     events = frame(batch, len(prior))
-    routed = routing.route(events, routing.subscription_intervals(current, events))
+    routed = routing.route(events, routing.subscription_intervals(current, events), peers)
     found: dict[int, list[str]] = {e.smuid: [] for e in batch if isinstance(e, ev.Publish)}
     for row in routed.select("account", "smuid").collect():
         found[row.smuid].append(row.account)
@@ -174,8 +198,9 @@ def test_the_gateway_and_the_job_route_every_delivery_all_publish_to_the_same_ac
         prior = [e for n, case in enumerate(drawn) for e in _events(n, case.prior)]
         batch = [e for n, case in enumerate(drawn) for e in _events(n, case.batch)]
         skews = [clocks.randint(-SKEW_MS, SKEW_MS) for _ in range(len(prior) + len(batch))]
-        gateway = gateway_routing(prior + batch)
-        job = job_routing(spark, prior, batch, skews.__getitem__)
+        peers = peers_of(len(drawn))
+        gateway = gateway_routing(prior + batch, peers)
+        job = job_routing(spark, prior, batch, skews.__getitem__, peers)
         assert set(job) == set(gateway)
         wrong = _disagreements(drawn, gateway, job)
         assert not wrong, "\n".join(wrong[:3])
@@ -196,3 +221,16 @@ def test_a_publish_appended_after_a_subscribe_reaches_it_whatever_the_gateways_c
     assert gateway_routing([subscribe, publish]) == {1: ["ann"]}
     assert job_routing(spark, [], [subscribe, publish], behind) == {1: ["ann"]}
     assert job_routing(spark, [subscribe], [publish], behind) == {1: ["ann"]}
+
+
+def test_a_peer_is_routed_a_publish_only_as_its_depth_and_hops_allow_by_the_gateway_and_the_job(spark):
+    """b.example's link (a peer) and a local subscriber on one topic: Depth 0 stays local, a Depth that
+    is not spent goes to the link unless its Hops passed b.example (in any case)."""
+    peers = {"link": PEER_DOMAIN}
+    log = [ev.Subscribe("link", "g", "/t", US0), ev.Subscribe("ann", "g", "/t", US0)] + [
+        ev.Publish(n, "/t", "c", "pub", "g", US0, depth=depth, hops=hops) for n, (depth, hops) in enumerate(
+            [(0, []), (1, []), (-1, ["a.example"]), (-1, ["B.EXAMPLE"]), (3, ["a.example", "b.example"])], 1)]
+    expected = {1: ["ann"], 2: ["ann", "link"], 3: ["ann", "link"], 4: ["ann"], 5: ["ann"]}
+
+    assert gateway_routing(log, peers) == expected
+    assert job_routing(spark, log[:2], log[2:], peers=peers) == expected

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schemas import events as ev
-from schemas.config import load_config
+from schemas.config import FederationConfig, load_config
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming.simple_batch import Shape, is_simple
 from streaming.sink import OUTPUTS, CommandSink
@@ -20,8 +20,13 @@ from streaming.sink import OUTPUTS, CommandSink
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
 
-ACCOUNTS = ["alice", "bob", "carol"]
-TOPICS = ["/t/x", "/t/x/y", "/u", "/v", "/accounts/bob", "/accounts/Carol", "/accounts/bob/inbox"]
+ACCOUNTS = ["alice", "bob", "carol", "link"]
+PEERS = {"link": "b.example", "carol": "c.example"}  # other farms' links ([federation] peers)
+TOPICS = ["/t/x", "/t/x/y", "/u", "/v", "/accounts/bob", "/accounts/Carol", "/accounts/bob/inbox", "/accounts/link"]
+#: (depth, hops, origin, origin_topic) of a publish: local, or forwarded here through b.example or c.example
+FORWARDING = [(0, [], None, None), (1, [], None, None), (-1, [], None, None),
+              (2, ["B.example"], "b.example/9", "b.example/t"),
+              (-1, ["a.example", "c.example"], "a.example/3", "a.example/u")]
 PATTERNS = ["/t/x", "/t/*", "/t/x/*", "/t/x/y", "/u", "/accounts/*"]
 HEADERS = [[], [("Content-Type", "text/plain")], [("Guarantee", "NO")], [("guar", " no ")], [("Guarantee", "YES")]]
 
@@ -33,14 +38,15 @@ subscriptions = st.dictionaries(
 def publishes(first: int):
     """Publishes accepted ``first``..``first + 30`` µs after T0, some expiring by then, some later."""
     return st.builds(
-        lambda smuid, topic, account, at, headers, expires, delivery, receipt, section: ev.Publish(
+        lambda smuid, topic, account, at, headers, expires, delivery, receipt, section, forwarding: ev.Publish(
             smuid, topic, f"{account}/{smuid}", account, f"g-{account}", US0 + at, at % 3, headers,
             [ev.Section([("Content-Type", "text/plain")], "é-hi".encode())] if section else [],
-            expires_at=None if expires is None else US0 + expires, delivery=delivery, receipt=receipt),
+            expires_at=None if expires is None else US0 + expires, delivery=delivery, receipt=receipt,
+            depth=forwarding[0], hops=forwarding[1], origin=forwarding[2], origin_topic=forwarding[3]),
         st.integers(1, 8), st.sampled_from(TOPICS), st.sampled_from(ACCOUNTS), st.integers(first, first + 30),
         st.sampled_from(HEADERS), st.one_of(st.none(), st.integers(0, 200)),
         st.sampled_from(["all", "ALL", "one", "one", "ONE"]), st.sampled_from(["none", "none", "none", "one", "all"]),
-        st.booleans())
+        st.booleans(), st.sampled_from(FORWARDING))
 
 
 def batches(first: int):
@@ -86,8 +92,10 @@ def comparable(out: dict[str, pa.Table]) -> dict[str, list]:
 def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp_path_factory, current, before,
                                                                       batch):
     """``before`` routed and committed, then ``batch`` routed both ways: on the driver, when it is
-    simple, and by the routing query."""
-    config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("simple")))
+    simple, and by the routing query; some subscribers are other farms' links, some publishes were
+    forwarded here, with Depth and Hops that let them on to one link, both or none."""
+    config = replace(load_config(env={}, data_dir=str(tmp_path_factory.mktemp("simple"))),
+                     federation=FederationConfig(peers=PEERS))
     store_subscriptions(config, current)
     driver = CommandSink(config)
     query = CommandSink(replace(config, streaming=replace(config.streaming, simple_batches=False)))
