@@ -19,7 +19,6 @@ another farm's link (``[federation] peers``, domain b.example), and publishes ca
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -30,7 +29,6 @@ from hypothesis import strategies as st
 
 from gateway.registry import Registry
 from schemas import events as ev
-from schemas import topics
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming import routing
 from streaming.sink import decode_records, in_log_order
@@ -131,24 +129,14 @@ def peers_of(cases: int) -> dict[str, str]:
     return {f"c{n}{PEER}": PEER_DOMAIN for n in range(cases)}
 
 
-def _recipients(registry: Registry, publish: ev.Publish, peers: Mapping[str, str]) -> list[str]:
-    """The gateway's early routing of ``publish``: ``Registry.recipients`` once it takes Depth, Hops and
-    peers (helper GW's change), else the rule it applies, :func:`schemas.topics.recipients`, over the
-    registry's own subscriber lookup."""
-    if "peers" in inspect.signature(registry.recipients).parameters:
-        return registry.recipients(publish.topic, publish.accepted_at, depth=publish.depth, hops=publish.hops,
-                                   peers=peers)
-    return sorted(topics.recipients(publish.topic, publish.accepted_at, registry._subscribers_of, publish.depth,
-                                    publish.hops, peers))
-
-
 def gateway_routing(log: list, peers: Mapping[str, str] = routing.NO_PEERS) -> dict[int, list[str]]:
     """Each publish's recipients as a gateway's fold of ``log`` names them when it reaches it."""
     registry = Registry(is_account=lambda name: True, server_timeout="60")
     found = {}
     for offset, event in enumerate(log):
         if isinstance(event, ev.Publish):
-            found[event.smuid] = _recipients(registry, event, peers)
+            found[event.smuid] = registry.recipients(event.topic, event.accepted_at, depth=event.depth,
+                                                     hops=event.hops, peers=peers)
         else:
             registry.apply(event, offset)
     return found
