@@ -1,9 +1,9 @@
 """Three farms on the one test Kafka: Depth through a chain, the triangle, a remote virtual topic.
 
-Each farm is a gateway of its own (topics, domain) and its link process; no job runs: DELIVERY ALL
-messages are NOTIFYed by the gateways' early routing, and ACKs are durable in Kafka without it.
-These need the gateways' side of federation (Depth parsed, forwards() for peer accounts, the
-forwarded message's rendering, remote virtual topics)."""
+Each farm is a gateway of its own (topics, domain) and its link process.  DELIVERY ALL messages are
+NOTIFYed by the gateways' early routing and ACKs are durable in Kafka without a job, so only the
+triangle runs one per farm (a query each in the test session's Spark), and checks each farm's
+history holds each message once."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import contextlib
 
 import pytest
 
-from tests.e2e.stack import GatewayThread, create_smqp_topics
-from tests.federation.farms import (LinkThread, farm_config, holds, link_account, nothing_more, publish, received,
-                                    subscriber, until, with_links)
+from tests.e2e.stack import GatewayThread, Router, create_smqp_topics
+from tests.federation.farms import (LinkThread, farm_config, forwarded_publishes, holds, link_account, nothing_more,
+                                    publish, received, subscriber, until, with_links)
+from tests.federation.test_farms_with_jobs import rows, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,9 +24,10 @@ NEWS = "/news/x"
 
 
 @contextlib.contextmanager
-def farms(broker, tmp_path, users: dict[str, list[str]], links: dict[str, list[str]], topics=(NEWS,)):
+def farms(broker, tmp_path, users: dict[str, list[str]], links: dict[str, list[str]], topics=(NEWS,), spark=None):
     """Farms by domain, each with ``users``, linked to ``links[domain]`` (and a peer of those);
-    every farm has ``topics``; each farm with links runs its link process.  Yields the gateways."""
+    every farm has ``topics``; each farm with links runs its link process, and with ``spark`` each
+    farm its job (:class:`Router`).  Yields the gateways."""
     peers = {domain: [other for other, theirs in links.items() if domain in theirs] for domain in users}
     configs = {domain: farm_config(broker, tmp_path, domain, users=users[domain], peers=peers[domain])
                for domain in users}
@@ -34,6 +36,9 @@ def farms(broker, tmp_path, users: dict[str, list[str]], links: dict[str, list[s
                for domain, config in configs.items()}
     with contextlib.ExitStack() as stack:
         gateways = {domain: stack.enter_context(GatewayThread(config)) for domain, config in configs.items()}
+        if spark is not None:
+            for config in configs.values():
+                stack.enter_context(Router(spark, config))
         for gateway in gateways.values():
             asyncio.run(create_smqp_topics(gateway.address, *topics))
         for domain in links:
@@ -62,9 +67,10 @@ def test_depth_0_1_and_minus_1_through_a_chain(broker, tmp_path):
         asyncio.run(scenario())
 
 
-def test_the_triangle_with_depth_minus_1_delivers_exactly_once_at_each_subscriber(broker, tmp_path):
+@pytest.mark.timeout(600)
+def test_the_triangle_with_depth_minus_1_delivers_exactly_once_at_each_subscriber(spark, broker, tmp_path):
     users = {A: ["alice"], B: ["bob"], C: ["carol"]}
-    with farms(broker, tmp_path, users, {A: [B, C], B: [A, C], C: [A, B]}) as gateways:
+    with farms(broker, tmp_path, users, {A: [B, C], B: [A, C], C: [A, B]}, spark=spark) as gateways:
 
         async def scenario() -> None:
             clients = {domain: await subscriber(gateways[domain].address, users[domain][0], "/news/*")
@@ -83,6 +89,14 @@ def test_the_triangle_with_depth_minus_1_delivers_exactly_once_at_each_subscribe
                 await client.quit()
 
         asyncio.run(scenario())
+        # each farm took in, once, each message another farm published: in its log and its history
+        came_from = {domain: sorted(p.origin.partition("/")[0] for p in forwarded_publishes(gateways[domain].config))
+                     for domain in users}
+        assert came_from == {A: [B], B: [A], C: [A, B]}
+        for domain, gateway in gateways.items():
+            stored = wait_for(f"{domain}'s job stored both messages",
+                              lambda: found if len(found := rows(gateway.config, "messages")) >= 2 else None, [])
+            assert sorted(row["origin"] is None for row in stored) == [False, domain != C], domain
 
 
 def test_a_remote_virtual_topic_created_subscribed_receiving(broker, tmp_path):
