@@ -2,8 +2,9 @@
 
 Per link (a peer's forwarding session, named by the peer's domain, or a remote virtual topic's pull,
 ``pull:<domain>:<login>``): whether it is logged in, its lag (NOTIFYs received, not yet appended here
-or dropped; and in time, how old the last message it appended was by then), what it forwarded, what it dropped and why (:mod:`federation.inbound`'s reasons), its
-failed connection attempts, and the patterns the peer refused (401/404).
+or dropped; and in time, how old the last message it appended was by then), what it forwarded, what
+it dropped and why (:mod:`federation.inbound`'s reasons), its failed connection attempts, and the
+patterns the peer refused (401/404).
 """
 
 from __future__ import annotations
