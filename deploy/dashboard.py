@@ -8,7 +8,8 @@ Serves, on ``[dashboard] host:port`` (standard library asyncio HTTP, no framewor
   nothing fetched from elsewhere);
 * ``/api/status`` — the same figures as JSON;
 * ``/metrics`` — the same figures in the Prometheus text format, plus every
-  gateway's own counters re-exposed with a ``gateway`` label, for Grafana.
+  gateway's own counters re-exposed with a ``gateway`` label, and every link
+  process's with a ``link_process`` label, for Grafana.
 
 Where the figures come from:
 
@@ -18,6 +19,11 @@ Where the figures come from:
   (NOTIFY written → the client's ACK, as the gateway that sent the NOTIFY timed
   it: since each gateway started, and over the last five minutes from the
   difference of two scrapes), errors per reply code;
+* the link processes' status pages (``[dashboard] links``, or this
+  configuration's ``smqp-link`` when it has links and a ``[federation]
+  status_port``), scraped alike: per link its state, lag (in flight and in
+  seconds), forwarded, dropped by reason, connect failures and refused
+  patterns (:mod:`deploy.dashboard_links`);
 * the job's Delta tables, read with delta-rs in a worker thread (never on the
   event loop): ``messages`` (per topic, last minute), ``deliveries`` (pending
   and acknowledged per topic), ``trash`` (per topic,
@@ -50,6 +56,7 @@ from deploy.dashboard_gateways import (
     scrape,
     summarize_gateway,
 )
+from deploy.dashboard_links import link_summary
 from deploy.dashboard_tables import DeltaTables, finite
 from gateway.metrics import CONTENT_TYPE, ParsedFamily, Response, escape_label, format_value, serve_http
 from schemas.config import SMQPConfig, load_config
@@ -77,10 +84,12 @@ class Dashboard:
         self.config = config
         self.settings = config.dashboard
         self.gateway_urls = self.settings.gateway_urls(config.gateway)
+        self.link_urls = self.settings.link_urls(config.gateway, config.federation)
         self.tables = DeltaTables(config, self.settings.history_batches)
         self._page_html = page_html(self.settings.refresh_s)
         self.status: dict | None = None
         self.scrapes: list[Scrape] = []
+        self.link_scrapes: list[Scrape] = []
         self.history: deque = deque(maxlen=600)  # one point per refresh, for the charts
         self.ack_snapshots: deque = deque()  # (time, the gateways' ACK histogram) per refresh, RECENT_S of them
         self.server: asyncio.base_events.Server | None = None
@@ -89,14 +98,16 @@ class Dashboard:
         self._refresh_seconds = 0.0
 
     async def refresh(self) -> dict:
-        """Read the tables (in a worker thread) and scrape the gateways, now."""
+        """Read the tables (in a worker thread) and scrape the gateways and link processes, now."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             started = time.monotonic()
             timeout = self.settings.scrape_timeout_s
-            tables, *scrapes = await asyncio.gather(asyncio.to_thread(self.tables.read),
-                                                    *(scrape(url, timeout) for url in self.gateway_urls))
+            tables, *scrapes = await asyncio.gather(
+                asyncio.to_thread(self.tables.read),
+                *(scrape(url, timeout) for url in (*self.gateway_urls, *self.link_urls)))
+            scrapes, link_scrapes = scrapes[:len(self.gateway_urls)], scrapes[len(self.gateway_urls):]
             now = time.time()
             gateways = [summarize_gateway(s) for s in scrapes]
             totals = gateway_totals(gateways)
@@ -112,12 +123,13 @@ class Dashboard:
                 rates = {"publish_per_s": max(0.0, (point["published"] - previous["published"]) / span),
                          "errors_per_s": max(0.0, (point["errors"] - previous["errors"]) / span)}
             self.history.append(point)
-            self.scrapes = scrapes
+            self.scrapes, self.link_scrapes = scrapes, link_scrapes
             self._refresh_seconds = time.monotonic() - started
             self.status = finite({
                 "generated_at": now, "refresh_s": self.settings.refresh_s, "data_dir": self.config.data_dir,
                 "gateways": [{k: v for k, v in g.items() if k != "ack_buckets"} for g in gateways],
                 "totals": totals | rates,
+                "links": link_summary(link_scrapes),
                 "topics": _topic_rows(tables),
                 "tables": tables,
                 "trash_growth_per_min": self._growth("trash"),
@@ -176,7 +188,8 @@ class Dashboard:
 
     async def _metrics(self, query: str) -> Response:
         status = await self._current()
-        return Response(render_prometheus(status, self.scrapes, self._refresh_seconds), CONTENT_TYPE)
+        return Response(render_prometheus(status, self.scrapes, self._refresh_seconds, self.link_scrapes),
+                        CONTENT_TYPE)
 
     async def _health(self, query: str) -> Response:
         return Response("ok\n")
@@ -215,25 +228,35 @@ class _Text:
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
 
+    def reexport(self, scrapes: list[Scrape], label: str) -> None:
+        """Every family of the pages scraped, each sample labelled ``label`` = the page it came from."""
+        merged: dict[str, ParsedFamily] = {}
+        for scraped in scrapes:
+            for name, family in scraped.families.items():
+                target = merged.setdefault(name, ParsedFamily(name, family.kind, family.help))
+                target.samples += [(sample, {**labels, label: scraped.url}, value)
+                                   for sample, labels, value in family.samples]
+        for name, family in merged.items():
+            self.lines.append(f"# HELP {name} " + family.help.replace("\\", "\\\\").replace("\n", "\\n"))
+            self.lines.append(f"# TYPE {name} {family.kind}")
+            for sample, labels, value in family.samples:
+                label_text = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
+                self.lines.append(f"{sample}{{{label_text}}} {format_value(value)}")
 
-def render_prometheus(status: dict, scrapes: list[Scrape], refresh_seconds: float) -> str:
-    """The dashboard's figures, and each gateway's families with a ``gateway`` label."""
+
+def render_prometheus(status: dict, scrapes: list[Scrape], refresh_seconds: float,
+                      link_scrapes: list[Scrape] = ()) -> str:
+    """The dashboard's figures, each gateway's families with a ``gateway`` label, and each link
+    process's (``smqp_link_*``) with a ``link_process`` label."""
     out = _Text()
     tables = status["tables"]
     out.family("smqp_dashboard_gateway_up", "gauge", "1 when the gateway's status page answered the last scrape.",
                [({"gateway": s.url}, 1 if s.up else 0) for s in scrapes])
-    merged: dict[str, ParsedFamily] = {}
-    for scraped in scrapes:
-        for name, family in scraped.families.items():
-            target = merged.setdefault(name, ParsedFamily(name, family.kind, family.help))
-            target.samples += [(sample, {**labels, "gateway": scraped.url}, value)
-                               for sample, labels, value in family.samples]
-    for name, family in merged.items():
-        out.lines.append(f"# HELP {name} " + family.help.replace("\\", "\\\\").replace("\n", "\\n"))
-        out.lines.append(f"# TYPE {name} {family.kind}")
-        for sample, labels, value in family.samples:
-            label_text = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
-            out.lines.append(f"{sample}{{{label_text}}} {format_value(value)}")
+    out.reexport(scrapes, "gateway")
+    out.family("smqp_dashboard_link_process_up", "gauge",
+               "1 when the link process's status page answered the last scrape.",
+               [({"link_process": s.url}, 1 if s.up else 0) for s in link_scrapes])
+    out.reexport(link_scrapes, "link_process")
     out.family("smqp_dashboard_table_up", "gauge", "1 when the Delta table exists and was read.",
                [({"table": name}, 1 if t.get("available") else 0) for name, t in tables.items()])
     out.family("smqp_dashboard_refresh_seconds", "gauge", "How long the last refresh took.",
@@ -289,7 +312,8 @@ async def serve(config: SMQPConfig) -> None:
     dashboard = Dashboard(config)
     await dashboard.start()
     print(f"SMQP dashboard on {dashboard.url}  (Prometheus: {dashboard.url}metrics; "
-          f"gateways: {', '.join(dashboard.gateway_urls) or 'none configured'})", flush=True)
+          f"gateways: {', '.join(dashboard.gateway_urls) or 'none configured'}; "
+          f"link processes: {', '.join(dashboard.link_urls) or 'none configured'})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -302,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="smqp-dashboard",
         description="Serve the live ops dashboard (/) and Prometheus metrics (/metrics) from the gateways' "
-                    "status pages and the job's Delta tables.",
+                    "and link processes' status pages and the job's Delta tables.",
     )
     parser.add_argument("--config", help="TOML configuration file (default: $SMQP_CONFIG, else built-in defaults)")
     parser.add_argument("--host", help="listen address (overrides [dashboard] host)")
@@ -310,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway", action="append", metavar="URL",
                         help="a gateway status page, e.g. http://127.0.0.1:7721/metrics (repeatable; "
                              "overrides [dashboard] gateways)")
+    parser.add_argument("--link", action="append", metavar="URL",
+                        help="a link process's status page (smqp-link's [federation] status_port), e.g. "
+                             "http://127.0.0.1:7723/metrics (repeatable; overrides [dashboard] links)")
     parser.add_argument("--data-dir", help="where the Delta tables live (overrides data_dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -317,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if args.gateway:
         overrides["gateways"] = tuple(args.gateway)
+    if args.link:
+        overrides["links"] = tuple(args.link)
     config = replace(config, dashboard=replace(config.dashboard, **overrides))
     if args.data_dir:
         config = replace(config, data_dir=args.data_dir)

@@ -92,3 +92,4 @@ class Forwarder:
         finally:
             self.seen.settle(key, appended)
         self.metrics.forwarded.inc(link)
+        self.metrics.state(link).appended(message.created, time.time_ns() // 1000)

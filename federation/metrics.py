@@ -2,8 +2,9 @@
 
 Per link (a peer's forwarding session, named by the peer's domain, or a remote virtual topic's pull,
 ``pull:<domain>:<login>``): whether it is logged in, its lag (NOTIFYs received, not yet appended here
-or dropped), what it forwarded, what it dropped and why (:mod:`federation.inbound`'s reasons), its
-failed connection attempts, and the patterns the peer refused (401/404).
+or dropped; and in time, how old the last message it appended was by then), what it forwarded, what
+it dropped and why (:mod:`federation.inbound`'s reasons), its failed connection attempts, and the
+patterns the peer refused (401/404).
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ class LinkState:
     received: int = 0  # NOTIFY MESSAGEs taken in
     settled: int = 0  # of those, appended or dropped
     refused: int = 0  # patterns the peer refused, as of the last reconciliation
+    lag_seconds: float = 0.0  # how old the last message appended was when appended (0 before any)
 
     @property
     def lag(self) -> int:
         return self.received - self.settled
+
+    def appended(self, created: int | None, now: int) -> None:
+        """A message was appended here at ``now`` (microseconds): its age then, from its ``Created``
+        as the peer rendered it (its publisher's, else when the peer accepted it), is the link's lag
+        in time.  Never negative (a peer's clock ahead of this one's); no ``Created``: unchanged."""
+        if created is not None:
+            self.lag_seconds = max(0, now - created) / 1_000_000
 
 
 class LinkMetrics:
@@ -45,6 +54,9 @@ class LinkMetrics:
                   lambda: {(name,): int(state.up) for name, state in self.states.items()}, ("link",)),
             Gauge("smqp_link_lag", "NOTIFYs received from the peer not yet appended or dropped.",
                   lambda: {(name,): state.lag for name, state in self.states.items()}, ("link",)),
+            Gauge("smqp_link_lag_seconds", "Age of the last message appended from the peer when appended "
+                  "(now - its Created), 0 before any.",
+                  lambda: {(name,): state.lag_seconds for name, state in self.states.items()}, ("link",)),
             Gauge("smqp_link_refused_patterns", "Patterns the peer refused (401/404), retried on change.",
                   lambda: {(name,): state.refused for name, state in self.states.items()}, ("link",)),
             self.forwarded, self.dropped, self.connect_failures]

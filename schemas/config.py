@@ -179,24 +179,41 @@ class DashboardConfig:
     # the gateways' status pages to aggregate ("http://host:port/metrics"); empty: this
     # configuration's own gateway, when its status_port is set
     gateways: tuple[str, ...] = ()
+    # the link processes' status pages ("http://host:port/metrics", smqp-link's [federation]
+    # status_port); empty: this configuration's own, when it has links and a status_port
+    links: tuple[str, ...] = ()
     refresh_s: float = 2.0  # how often the dashboard re-reads the tables and the gateways (and the page polls)
     scrape_timeout_s: float = 2.0  # a gateway that does not answer by then is shown as down
     history_batches: int = 120  # micro-batches of the metrics table shown in the charts
 
     def __post_init__(self) -> None:
-        if isinstance(self.gateways, str):  # SMQP_DASHBOARD_GATEWAYS=url,url
-            object.__setattr__(self, "gateways", tuple(u.strip() for u in self.gateways.split(",") if u.strip()))
-        else:
-            object.__setattr__(self, "gateways", tuple(self.gateways))
+        for name in ("gateways", "links"):  # SMQP_DASHBOARD_GATEWAYS=url,url, SMQP_DASHBOARD_LINKS=url,url
+            urls = getattr(self, name)
+            object.__setattr__(self, name, tuple(u.strip() for u in urls.split(",") if u.strip())
+                               if isinstance(urls, str) else tuple(urls))
 
     def gateway_urls(self, gateway: GatewayConfig) -> tuple[str, ...]:
         """The status pages to scrape: ``gateways``, else ``gateway``'s own when it has one."""
         if self.gateways:
             return self.gateways
         if gateway.status_port:
-            host = "127.0.0.1" if gateway.host in ("0.0.0.0", "", "::") else gateway.host
-            return (f"http://{host}:{gateway.status_port}/metrics",)
+            return (_status_url(gateway.host, gateway.status_port),)
         return ()
+
+    def link_urls(self, gateway: GatewayConfig, federation: FederationConfig) -> tuple[str, ...]:
+        """The link processes' status pages to scrape: ``links``, else this configuration's own (which
+        listens on ``gateway.host``) when it has links and a ``status_port``."""
+        if self.links:
+            return self.links
+        if federation.links and federation.status_port:
+            return (_status_url(gateway.host, federation.status_port),)
+        return ()
+
+
+def _status_url(host: str, port: int) -> str:
+    """A status page listening on ``host:port``, as a scraper on this machine reaches it."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"http://{host}:{port}/metrics"
 
 
 @dataclass(frozen=True)

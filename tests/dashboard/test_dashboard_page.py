@@ -72,7 +72,7 @@ class Figures(HTMLParser):
             self.figures[attrs["data-figure"]] = ""
             self.values[attrs["data-figure"]] = attrs.get("data-value", "")
         elif tag == "tr":
-            for kind in ("data-topic", "data-batch", "data-code", "data-gateway"):
+            for kind in ("data-topic", "data-batch", "data-code", "data-gateway", "data-link"):
                 if kind in attrs:
                     self._row = self.rows[(kind[5:], attrs[kind])] = {}
         elif tag == "td" and self._row is not None and "data-col" in attrs:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ import pytest
 
 from deploy.broker import free_port
 from deploy.local import child_modules
+from gateway.metrics import parse
 from schemas.config import FederationConfig, LinkConfig, SMQPConfig
 from tests.e2e.stack import GatewayThread, create_smqp_topics
 from tests.federation.farms import (LINK_ENV, farm_config, holds, received, nothing_more, publish, subscriber,
@@ -66,9 +68,15 @@ def test_the_process_forwards_serves_metrics_and_stops_on_sigterm(broker, tmp_pa
                 await nothing_more(bob, 1.0)
                 await bob.quit()
 
+            started = time.time()
             asyncio.run(scenario())
             with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/metrics", timeout=5) as page:
-                assert f'smqp_link_forwarded_total{{link="{A}"}} 1' in page.read().decode()
+                text = page.read().decode()
+            assert f'smqp_link_forwarded_total{{link="{A}"}} 1' in text
+            # the message's age when B appended it: from A's Created (to the second) to B's append
+            lag = parse(text)["smqp_link_lag_seconds"].samples
+            assert [labels for _, labels, _ in lag] == [{"link": A}]
+            assert 0 < lag[0][2] < time.time() - started + 1
             link.send_signal(signal.SIGTERM)
             out, err = link.communicate(timeout=30)
             assert link.returncode == 0, err
