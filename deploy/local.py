@@ -119,6 +119,14 @@ def child_modules(config: SMQPConfig) -> list[tuple[str, str]]:
     return children
 
 
+def with_link_status_port(config: SMQPConfig) -> SMQPConfig:
+    """``config`` whose link process (when links are configured) serves /metrics on a port: its own,
+    else a free one, so the dashboard shows the links as it shows the gateway."""
+    if config.federation.links and not config.federation.status_port:
+        return replace(config, federation=replace(config.federation, status_port=free_port()))
+    return config
+
+
 def _ports(config: SMQPConfig, broker_port: int, status_port: int) -> dict[str, tuple[str, int]]:
     """The ports this launch listens on (the dashboard's aside: it is an onlooker)."""
     gateway = config.gateway
@@ -150,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     config = replace(config, data_dir=data_dir)
     broker_port = int(config.kafka.bootstrap.rsplit(":", 1)[1])
     status_port = config.gateway.status_port or free_port()  # the dashboard scrapes the gateway here
+    config = with_link_status_port(config)  # ... and the link process here
     dashboard_port = config.dashboard.port or free_port()
     gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
 
@@ -190,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         create_topics(config.kafka)
         routed_before = routed_records(config)
         env = dict(os.environ, SMQP_DATA_DIR=data_dir, SMQP_KAFKA_BOOTSTRAP=config.kafka.bootstrap,
-                   PYSPARK_PYTHON=sys.executable, SMQP_GATEWAY_STATUS_PORT=str(status_port))
+                   PYSPARK_PYTHON=sys.executable, SMQP_GATEWAY_STATUS_PORT=str(status_port),
+                   SMQP_FEDERATION_STATUS_PORT=str(config.federation.status_port))
         if args.config:
             env["SMQP_CONFIG"] = str(Path(args.config).absolute())
         start = {name: functools.partial(subprocess.Popen, [sys.executable, "-m", module], env=env,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from deploy.broker import free_port
-from deploy.local import child_modules
+from deploy.local import child_modules, with_link_status_port
 from gateway.metrics import parse
 from schemas.config import FederationConfig, LinkConfig, SMQPConfig
 from tests.e2e.stack import GatewayThread, create_smqp_topics
@@ -28,6 +28,8 @@ def test_smqp_local_starts_the_link_process_only_when_links_are_configured():
     linked = replace(SMQPConfig(), federation=FederationConfig(links=(LinkConfig("a.example", "127.0.0.1:7720"),)))
     assert ("federation link", "federation") in child_modules(linked)
     assert [name for name, _ in child_modules(SMQPConfig())] == ["streaming job", "gateway"]
+    assert with_link_status_port(linked).federation.status_port > 0  # the local dashboard shows the links
+    assert with_link_status_port(SMQPConfig()).federation.status_port == 0
 
 
 def test_help_names_the_configuration():
