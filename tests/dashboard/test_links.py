@@ -5,6 +5,7 @@ no streaming job: the tables are absent, which the rest of the page already show
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 
@@ -59,17 +60,25 @@ class LinkProcess:
         self.dashboard.call(close())
 
 
-def test_the_dashboard_shows_and_reexports_each_links_figures(tmp_path):
+@contextlib.contextmanager
+def scraping_a_link_process(tmp_path):
+    """A dashboard configured with two link processes: one serving :func:`bumped`, one that is not
+    there.  Yields (dashboard, its URL, the dead one's), after one refresh."""
     port = free_port()
     url, dead_url = f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{free_port()}/metrics"
     with DashboardThread(config_with(tmp_path, (url, dead_url))) as dashboard:
         process = LinkProcess(dashboard, bumped(), port)
         try:
             dashboard.refresh()
-            status, content_type, text = http_get(dashboard.url + "api/status")
-            _, _, prometheus = http_get(dashboard.url + "metrics")
+            yield dashboard, url, dead_url
         finally:
             process.close()
+
+
+def test_the_dashboard_shows_and_reexports_each_links_figures(tmp_path):
+    with scraping_a_link_process(tmp_path) as (dashboard, url, dead_url):
+        status, content_type, text = http_get(dashboard.url + "api/status")
+        _, _, prometheus = http_get(dashboard.url + "metrics")
 
     assert (status, content_type) == (200, "application/json")
     links = json.loads(text)["links"]
@@ -121,15 +130,8 @@ def test_a_configuration_with_links_and_a_status_port_scrapes_its_own_link_proce
 
 
 def test_chromium_shows_the_links_table(tmp_path):
-    port = free_port()
-    url, dead_url = f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{free_port()}/metrics"
-    with DashboardThread(config_with(tmp_path, (url, dead_url))) as dashboard:
-        process = LinkProcess(dashboard, bumped(), port)
-        try:
-            dashboard.refresh()
-            dom = chromium(dashboard.url, tmp_path / "profile", "--dump-dom")
-        finally:
-            process.close()
+    with scraping_a_link_process(tmp_path) as (dashboard, url, dead_url):
+        dom = chromium(dashboard.url, tmp_path / "profile", "--dump-dom")
 
     page = Figures(dom)
     assert page.figures["links-up"] == "links 1/2 up · 1 link process unreachable", dom[:3000]
