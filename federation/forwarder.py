@@ -80,16 +80,17 @@ class Forwarder:
             self.metrics.dropped.inc(link, reason)
             log.debug("link %s: dropped %s (%s)", link, message.origin, reason)
             return
-        appended = False
+        appended, expires_at = False, None
         try:
             params = self.topic_settings.resolve(outbound.topic)
             publish = inbound.to_publish(
                 message, outbound, smuid=self.new_smuid(), now=time.time_ns() // 1000,
                 server_timeout=params.timeout or self.registry.server_timeout,
                 delivery=self.registry.delivery(outbound.topic) or params.delivery, peer_domain=peer_domain)
+            expires_at = publish.expires_at
             await self.commands.append(outbound.topic.encode("utf-8"), publish.to_bytes())
             appended = True
         finally:
-            self.seen.settle(key, appended)
+            self.seen.settle(key, appended, expires_at)
         self.metrics.forwarded.inc(link)
         self.metrics.state(link).appended(message.created, time.time_ns() // 1000)

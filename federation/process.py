@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping
 
 from federation.forwarder import Forwarder
@@ -28,6 +29,9 @@ from kafka_edge import Cluster, DurableLog
 from schemas.config import LinkConfig, SMQPConfig
 
 log = logging.getLogger("smqp.federation")
+
+#: How often the dedup set forgets the messages that can no longer come again, in seconds.
+FORGET_EVERY_S = 60.0
 
 #: Seconds :meth:`LinkProcess.close` waits for its sessions to stop (a stuck one is logged, not awaited).
 CLOSE_TIMEOUT_S = 10.0
@@ -52,14 +56,16 @@ class LinkProcess:
     async def start(self) -> None:
         self.cluster = Cluster(self.config.kafka, client_id="smqp-link")
         self.log = await open_commands_log(self.config.kafka, self.cluster)
-        self.seen = await rebuild(self.config.kafka, self.cluster)
-        log.info("%d forwarded messages already here", len(self.seen))
+        self.seen = await rebuild(self.config.kafka, self.cluster, now=time.time_ns() // 1000,
+                                  grace_us=round(self.config.federation.seen_grace_s * 1_000_000))
+        log.info("%d forwarded messages here that may still come again", len(self.seen))
         self.fold = InterestFold(self.config, self.cluster)
         await self.fold.start()
         self.forwarder = Forwarder(self.config, self.log, self.seen, self.fold.registry, self.metrics)
         for link in self.config.federation.links:
             self._start_forwarding(link)
         self._spawn(self._follow_pulls(self.fold.listen()))
+        self._spawn(self._forget_dead())
         if self.config.federation.status_port:
             self.status = await serve_metrics(self.metrics, self.config.gateway.host,
                                               self.config.federation.status_port)
@@ -68,6 +74,13 @@ class LinkProcess:
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.append(task)
+
+    async def _forget_dead(self) -> None:
+        """Keep the dedup set to what may still come again (:meth:`Seen.forget_dead`), once a minute."""
+        while True:
+            await asyncio.sleep(FORGET_EVERY_S)
+            if forgotten := self.seen.forget_dead(time.time_ns() // 1000):
+                log.debug("forgot %d forwarded messages that cannot come again", forgotten)
 
     def _backoff(self) -> Backoff:
         return Backoff(self.config.federation.retry_initial_s, self.config.federation.retry_max_s)

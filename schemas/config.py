@@ -260,6 +260,9 @@ class FederationConfig:
     status_port: int = 0  # the link process's HTTP /metrics; 0 = off
     retry_initial_s: float = 0.5  # a link that cannot reach its peer retries after this, doubling
     retry_max_s: float = 30.0  # up to this
+    # a forwarded message is recognised when it comes again (a second route, a resend after a crash)
+    # until this long after its expiry here; a peer never sends a dead message, so the link forgets it then
+    seen_grace_s: float = 3600.0
 
     def __post_init__(self) -> None:
         links = tuple(link if isinstance(link, LinkConfig) else LinkConfig(**link) for link in self.links)

@@ -123,7 +123,8 @@ def test_the_dedup_key_of_a_forwarded_record_and_none_for_a_local_one():
     message = read(Depth="1")
     publish = inbound.to_publish(message, inbound.forwarded(message, "a.example"), smuid=1, now=10,
                                  server_timeout="01:00:00:00", delivery=None, peer_domain="a.example")
-    assert forwarded_key(0, b"/news/x", publish.to_bytes()) == inbound.dedup_key("a.example/42", "/news/x")
+    assert forwarded_key(0, b"/news/x", publish.to_bytes()) == (inbound.dedup_key("a.example/42", "/news/x"),
+                                                                publish.expires_at)
     local = Publish(smuid=2, topic="/news/x", cmuid="C1", account="alice", guid="g", accepted_at=1,
                     headers=[("X-Note", '"origin":"fake"')])
     assert forwarded_key(1, b"/news/x", local.to_bytes()) is None
@@ -142,6 +143,15 @@ def test_a_message_being_appended_by_one_link_is_seen_by_another():
         seen.settle("j", False)  # its append failed: the next one tries
         assert await seen.claim("j")
     asyncio.run(scenario())
+
+
+def test_a_key_is_forgotten_once_its_message_is_dead_longer_than_the_grace():
+    seen = Seen({"dead long ago": 100, "dead just now": 1_900, "alive": 5_000, "state message": None}, grace_us=500)
+    assert seen.forget_dead(now=2_000) == 1
+    assert ["dead long ago" in seen, "dead just now" in seen, "alive" in seen, "state message" in seen] == [
+        False, True, True, True]
+    seen.settle("appended", True, expires_at=2_100)
+    assert seen.forget_dead(now=3_000) == 2 and len(seen) == 2  # "alive" and the state message are left
 
 
 def test_backoff_doubles_to_its_maximum_and_starts_again_after_a_success():
