@@ -60,7 +60,7 @@ class Topic:
 
     @property
     def remote(self) -> bool:
-        """A virtual topic on another farm (``> b.example/stocks/ibm``, spec 4.1.4): its messages are
+        """A virtual topic on another farm (``> b.example/stocks/ibm``, spec 4.1.3): its messages are
         pulled by the link process and stored here, on the virtual topic itself."""
         return self.target is not None and not self.target.startswith("/")
 
