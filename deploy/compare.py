@@ -12,6 +12,8 @@ min/median/max of ``--runs`` runs (runs of the two systems alternate):
   latency  publish -> delivery at a steady --latency-rate for --latency-seconds,
            p50/p90/p99 ms, offered and delivered rates (bounded: what is not
            delivered --latency-grace s after the last publish counts as not delivered)
+  burst    the same at --burst-rate (5,000 msg/s offered) for --burst-seconds: p99,
+           and how many were not delivered
   fanout   one topic (fanout exchange) -> --fanout-subscribers acknowledging
            subscribers (ours: two-phase 310 ACK), deliveries/s
   drain    --backlog messages queued for an offline subscriber, then msg/s from
@@ -58,13 +60,13 @@ from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonabl
 from deploy.stack import cpu_seconds, peak_memory_mb, stopping_on_sigterm
 from gateway.server.main import GC_THRESHOLDS
 
-WORKLOADS = ("ingest", "latency", "fanout", "drain", "soak")
+WORKLOADS = ("ingest", "latency", "burst", "fanout", "drain", "soak")
 SYSTEMS = ("smqp", "rabbitmq")
 #: Defaults of the full run and of ``--quick``; any flag given wins over both.
-FULL = dict(runs=3, ingest_messages=20000, latency_seconds=60.0, latency_grace=60.0, fanout_messages=5000,
-            backlog=50000, soak_minutes=10.0, cooldown=5.0)
-QUICK = dict(runs=1, ingest_messages=2000, latency_seconds=10.0, latency_grace=20.0, fanout_messages=300,
-             backlog=2000, soak_minutes=1.0, cooldown=2.0)
+FULL = dict(runs=3, ingest_messages=20000, latency_seconds=60.0, latency_grace=60.0, burst_seconds=20.0,
+            fanout_messages=5000, backlog=50000, soak_minutes=10.0, cooldown=5.0)
+QUICK = dict(runs=1, ingest_messages=2000, latency_seconds=10.0, latency_grace=20.0, burst_seconds=5.0,
+             fanout_messages=300, backlog=2000, soak_minutes=1.0, cooldown=2.0)
 
 
 def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -84,6 +86,8 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     add("--latency-rate", type=float, default=1000, help="latency: offered msg/s (default 1000)")
     add("--latency-seconds", type=float, help="latency: seconds of publishing (default 60; quick 10)")
     add("--latency-grace", type=float, help="latency: seconds allowed after the last publish (default 60; quick 20)")
+    add("--burst-rate", type=float, default=5000, help="burst: offered msg/s (default 5000)")
+    add("--burst-seconds", type=float, help="burst: seconds of publishing (default 20; quick 5)")
     add("--fanout-subscribers", type=int, default=10, help="fanout: subscribers (default 10)")
     add("--fanout-messages", type=int, help="fanout: messages published (default 5000; quick 300)")
     add("--backlog", type=int, help="drain: messages queued (default 50000; quick 2000)")
@@ -126,10 +130,11 @@ def progress(text: str) -> None:
 def _run(workload: str, system, dest: str, args, say) -> Awaitable[dict]:
     if workload == "ingest":
         return workloads.ingest(system, dest, args.ingest_messages, args.publishers, args.window, args.timeout)
-    if workload == "latency":
+    if workload in ("latency", "burst"):
+        rate, seconds = ((args.latency_rate, args.latency_seconds) if workload == "latency"
+                         else (args.burst_rate, args.burst_seconds))
         # up to 2 s of publishes unacknowledged before the offered rate gives way
-        return workloads.paced(system, dest, args.latency_rate, args.latency_seconds, args.latency_grace,
-                               max(1000, int(args.latency_rate * 2)), say)
+        return workloads.paced(system, dest, rate, seconds, args.latency_grace, max(1000, int(rate * 2)), say)
     if workload == "fanout":
         return workloads.fanout(system, dest, args.fanout_subscribers, args.fanout_messages, args.window,
                                 args.timeout, say)
@@ -142,7 +147,7 @@ def headline(workload: str, result: dict) -> str:
         return f"FAILED: {result['error']}"
     if workload == "ingest":
         text = f"{result['msgs_per_s']:,} msg/s"
-    elif workload == "latency":
+    elif workload in ("latency", "burst"):
         text = (f"p50 {result['p50_ms']} / p90 {result['p90_ms']} / p99 {result['p99_ms']} ms; offered "
                 f"{result['offered_per_s']:,}/s, delivered {result['delivered']:,} of {result['sent']:,} "
                 f"({result['delivered_per_s']:,}/s)")
@@ -161,7 +166,8 @@ def headline(workload: str, result: dict) -> str:
 
 
 #: What each workload's CPU is divided by: the messages it counts in its figure.
-CPU_UNITS = {"ingest": "published", "latency": "delivered", "fanout": "deliveries", "drain": "delivered"}
+CPU_UNITS = {"ingest": "published", "latency": "delivered", "burst": "delivered", "fanout": "deliveries",
+             "drain": "delivered"}
 CLIENTS = "benchmark clients"
 
 
@@ -344,7 +350,7 @@ def measure_all(args) -> dict:
     however this ends.  Returns the report (everything but the table)."""
     started = datetime.now(timezone.utc)
     load_before = os.getloadavg()
-    accounts = args.runs * (2 + args.fanout_subscribers) + 2  # latency, fanout, drain per run; warm-up, soak
+    accounts = args.runs * (3 + args.fanout_subscribers) + 2  # latency, burst, fanout, drain per run; warm-up, soak
     rabbit_server = smqp = None
     with contextlib.ExitStack() as servers:
         systems = {}
@@ -411,7 +417,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deploy.compare") 
         progress("interrupted; the servers are stopped")
         return 130
     write_json(args.json, report)  # the measurements are safe before anything is computed from them
-    settings = {"publishers": args.publishers, "latency_rate": args.latency_rate,
+    settings = {"publishers": args.publishers, "latency_rate": args.latency_rate, "burst_rate": args.burst_rate,
                 "fanout_subscribers": args.fanout_subscribers, "backlog": f"{args.backlog:,}",
                 "soak_rate": args.soak_rate}
     results = report["results"]

@@ -128,6 +128,7 @@ class Figure:
     higher_is_better: bool
     ratio_at_least: float | None = None  # target: ours / RabbitMQ (medians) at least this
     at_most: float | None = None  # target: our median at most this
+    at_least: float | None = None  # target: our median at least this
 
     @property
     def target(self) -> str:
@@ -135,24 +136,34 @@ class Figure:
             return f">= {self.ratio_at_least:g}x RabbitMQ"
         if self.at_most is not None:
             return f"<= {_number(self.at_most)} {self.unit}"
+        if self.at_least is not None:
+            return f">= {_number(self.at_least)} {self.unit}"
         return ""
 
 
+#: Issue 35's targets: ours / RabbitMQ for throughput, our own latency, and peak memory.
+THROUGHPUT_RATIO = 1.5
+MEMORY_RATIO = 2.0
+
 FIGURES = (
     Figure("ingest", "msgs_per_s", "ingest: {publishers} publishers, acknowledged publishes", "msg/s", True,
-           ratio_at_least=1.0),
-    Figure("latency", "p50_ms", "publish -> delivery p50 at {latency_rate:g} msg/s", "ms", False, at_most=250),
+           ratio_at_least=THROUGHPUT_RATIO),
+    Figure("latency", "p50_ms", "publish -> delivery p50 at {latency_rate:g} msg/s", "ms", False, at_most=5),
     Figure("latency", "p90_ms", "publish -> delivery p90 at {latency_rate:g} msg/s", "ms", False),
-    Figure("latency", "p99_ms", "publish -> delivery p99 at {latency_rate:g} msg/s", "ms", False, at_most=1000),
+    Figure("latency", "p99_ms", "publish -> delivery p99 at {latency_rate:g} msg/s", "ms", False, at_most=20),
     Figure("latency", "offered_per_s", "  offered rate achieved (target {latency_rate:g})", "msg/s", True),
     Figure("latency", "delivered_per_s", "  delivered rate", "msg/s", True),
+    Figure("burst", "p50_ms", "publish -> delivery p50 at {burst_rate:g} msg/s offered", "ms", False),
+    Figure("burst", "p99_ms", "publish -> delivery p99 at {burst_rate:g} msg/s offered", "ms", False, at_most=100),
+    Figure("burst", "offered_per_s", "  offered rate achieved (target {burst_rate:g})", "msg/s", True),
+    Figure("burst", "not_delivered", "  not delivered (dropped)", "messages", False, at_most=0),
     Figure("fanout", "deliveries_per_s", "fan-out: 1 topic -> {fanout_subscribers} subscribers, acked deliveries",
-           "deliveries/s", True, ratio_at_least=1.0),
+           "deliveries/s", True, ratio_at_least=THROUGHPUT_RATIO),
     Figure("drain", "msgs_per_s", "backlog drain: {backlog} queued -> 1 reconnecting subscriber", "msg/s", True,
-           ratio_at_least=1.0),
+           ratio_at_least=THROUGHPUT_RATIO),
     # a soak whose subscriber falls behind grows a backlog: its memory growth is not only a leak
     Figure("soak", "delivered_pct", "soak at {soak_rate:g} msg/s: its messages delivered by its end (+30 s)", "%",
-           True),
+           True, at_least=100),
 )
 
 
@@ -173,6 +184,8 @@ def comparison_rows(results: Mapping[str, Mapping[str, Sequence[Mapping]]], sett
             met = ratio >= figure.ratio_at_least
         elif figure.at_most is not None and ours is not None:
             met = ours <= figure.at_most
+        elif figure.at_least is not None and ours is not None:
+            met = ours >= figure.at_least
         failed = {system: sum("error" in run for run in runs.get(system, ())) for system in SYSTEMS}
         rows.append({"figure": figure.label.format(**settings), "unit": figure.unit,
                      "higher_is_better": figure.higher_is_better, **per_system,
@@ -195,6 +208,8 @@ def memory_rows(peaks: Mapping[str, Mapping[str, float]], soak: Mapping[str, Map
         row = _single("peak RSS: all server processes", "MiB", None, None)
         row.update({s: _one(v) for s, v in (("smqp", ours), ("rabbitmq", theirs))})
         row["ratio"] = round(ours / theirs, 3) if ours and theirs else None
+        row.update(target=f"<= {MEMORY_RATIO:g}x RabbitMQ",
+                   met=row["ratio"] <= MEMORY_RATIO if row["ratio"] is not None else None)
         rows.append(row)
     for system, processes in soak.items():
         for process, growth in processes.items():
