@@ -256,7 +256,7 @@ async def run_workloads(systems: dict, args) -> dict:
     return results
 
 
-#: The sink's line per micro-batch in the job's log (streaming/sink.py), timestamped when the batch ended.
+#: The sink's line per micro-batch in the job's log (streaming/sink/command_sink.py), timestamped when the batch ended.
 SINK_LINE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO streaming\.sink: batch \d+: "
                        r"(?P<records>\d+) records in, .* (?P<ms>\d+) ms \(spark (?P<spark_ms>\d+), "
                        r"delta (?P<delta_ms>\d+)\)(?:; routing query: plan (?P<plan_ms>\d+) ms, run (?P<run_ms>\d+) ms)?")

@@ -5,7 +5,7 @@
 
 - **batch time**: each micro-batch's duration while one publisher sends a steady ``--rate``
   (1,000 msg/s) to a topic nobody subscribes to, and the part of it spent planning the routing
-  query.  From the job's log line per batch (``streaming/sink.py``: the foreachBatch sink's total,
+  query.  From the job's log line per batch (``streaming/sink/command_sink.py``: the foreachBatch sink's total,
   its Spark / Delta split and the routing query's plan / run) and from the ``metrics`` Delta table
   (Spark's whole trigger and its phases).  Target: a batch of ≤ 1,000 commands takes ≤ 300 ms.
 - **visibility**: from a PUBLISH's ``200`` until ``GET MESSAGE`` through the gateway returns it

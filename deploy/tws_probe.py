@@ -139,7 +139,7 @@ def _processor(delete_timers: bool = False):
 
 # --- foreachBatch SQL ------------------------------------------------------------------------------
 
-#: The batch's work as one query, as ``streaming.sink.batch_sql`` does it for the job: relations
+#: The batch's work as one query, as ``streaming.sink.query.batch_sql`` does it for the job: relations
 #: ``{commands}`` (the batch, COMMAND_COLUMNS) and ``{pending}`` (the stored deliveries), the
 #: batch's clock ``{now}``; one row per event out, and ``pending`` rows: the state after the batch.
 BATCH_SQL = """
@@ -173,7 +173,7 @@ class SqlBatch:
         import pyarrow.compute as pc
 
         started = time.perf_counter()
-        commands = batch.toArrow()  # the job collects its records first too (streaming.sink.decode_records)
+        commands = batch.toArrow()  # the job collects its records first too (streaming.sink.decoding.decode_records)
         read = time.perf_counter()
         now = int(time.time() * 1000)
         query = self.spark.sql(BATCH_SQL, commands=self.spark.createDataFrame(commands),

@@ -97,7 +97,7 @@ def account_topic(account: str) -> str:
 def account_topic_owner(topic: str) -> str | None:
     """The account owning canonical ``topic`` when it is ``/accounts/<name>``, in lower case; else None
     (descendants of an account topic are nobody's).  The job's rule in SQL is
-    ``streaming.routing.account_topic_owner_sql``."""
+    ``streaming.routing.route.account_topic_owner_sql``."""
     head, _, name = topic.lower().rpartition("/")
     return name if head == ACCOUNTS_ROOT and name else None
 
@@ -107,7 +107,7 @@ def covers(ending: str, pattern: str) -> bool:
 
     Equal patterns, or ``ending`` is a wildcard ``/a/*`` whose prefix ``/a/``
     starts ``pattern``; ``/*`` ends everything.  The streaming job applies the
-    same rule in SQL (``streaming.routing._covers``).
+    same rule in SQL (``streaming.routing.subscriptions._covers``).
     """
     return ending == pattern or (ending.endswith("/*") and pattern.startswith(ending[:-1]))
 
@@ -129,7 +129,7 @@ def candidate_patterns(topic: str) -> tuple[str, ...]:
     """The subscription patterns that match canonical ``topic``: itself and the wildcard of each
     proper ancestor, ``/a/b/c`` → ``("/a/b/c", "/a/*", "/a/b/*")``.  Routing looks a publish's
     subscribers up by these (:func:`recipients`); the job's SQL form is
-    ``streaming.routing.candidate_patterns_sql``.  Cached: a gateway asks for every publish it
+    ``streaming.routing.route.candidate_patterns_sql``.  Cached: a gateway asks for every publish it
     reads back."""
     return (topic, *(f"{ancestor}/*" for ancestor in ancestors(topic)))
 
@@ -160,7 +160,7 @@ def recipients(topic: str, accepted_at: int | None,
 
     The one rule of the gateways' early routing (``gateway.registry.Registry.recipients``) and the
     job's simple batches (``streaming.simple_batch``); the job's routing query states it in SQL
-    (``streaming.routing.route_all_sql``), proven equal by ``tests/streaming/test_simple_batch.py``.
+    (``streaming.routing.route.route_all_sql``), proven equal by ``tests/streaming/test_simple_batch.py``.
 
     No rule here follows virtual topics or asks the UAL: a publish or SUB MESSAGE through a virtual
     topic is recorded on its target by the gateway, so routing sees real topics only, and it goes

@@ -12,7 +12,7 @@ The sweep runs inside the streaming job's own foreachBatch thread, between
 two batches' commits (:class:`streaming.sink.CommandSink` calls a
 :class:`TrashSweeper` with each batch's clock): the sink merges into
 ``trash`` every batch, and a second writer would race those merges.  Its
-clock is the batch's *now* (:func:`streaming.sink.batch_now`), never the
+clock is the batch's *now* (:func:`streaming.sink.records.batch_now`), never the
 wall clock, like expiry itself (README, "Time in the stream").
 """
 

@@ -1,6 +1,6 @@
 """The common micro-batch, routed on the driver: publishes and ACKs, and nothing else to decide.
 
-Why: Spark plans the routing query (:func:`streaming.sink.batch_sql`) anew for every micro-batch,
+Why: Spark plans the routing query (:func:`streaming.sink.query.batch_sql`) anew for every micro-batch,
 and planning alone took 0.4-1.1 s of each (analysis and optimisation of ~26,000 characters of
 SQL), then running its dozen stages about as long: a batch took 1.9-2.4 s (p50) however few
 commands it held.  Most batches of a broker at work hold only publishes of DELIVERY ALL
@@ -50,7 +50,8 @@ def is_simple(shape: Shape) -> bool:
 
 
 def _valid(event: dict) -> bool:
-    """A publish or an ACK with the fields it needs (:data:`routing._VALID`; other kinds are not routed here)."""
+    """A publish or an ACK with the fields it needs (:data:`streaming.routing.commands._VALID`; other kinds
+    are not routed here)."""
     if event["type"] == "publish":
         return None not in (event["account"], event["smuid"], event["topic"])
     return event["type"] == "ack" and None not in (event["account"], event["smuid"])
@@ -70,7 +71,7 @@ def _first_per(events: list[dict], key) -> dict:
 
 
 def _unguaranteed(headers: list | None) -> bool:
-    """``Guarantee: NO`` among ``headers`` (:func:`routing.unguaranteed_sql`)."""
+    """``Guarantee: NO`` among ``headers`` (:func:`streaming.routing.commands.unguaranteed_sql`)."""
     return any(len(h) > 1 and h[0] is not None and h[0].lower() in ("guarantee", "guar")
                and h[1] is not None and h[1].strip(" ").upper() == "NO" for h in headers or ())
 
@@ -81,7 +82,7 @@ def _expired(expires_at: int | None, now: int | None) -> bool:
 
 def pick_order(smuid: int, account: str) -> tuple[int, str]:
     """The order a DELIVERY ONE message's candidate subscribers are picked in, the first getting it:
-    :func:`streaming.routing.pick_order_sql`."""
+    :func:`streaming.routing.route.pick_order_sql`."""
     return zlib.crc32(f"{smuid}/{account}".encode()), account
 
 
@@ -92,7 +93,7 @@ def _json(fields: dict) -> str:
 
 
 def _deliver_value(account: str, publish: dict) -> str:
-    """The Deliver JSON :func:`routing.deliver_records_sql` writes."""
+    """The Deliver JSON :func:`streaming.routing.records.deliver_records_sql` writes."""
     sections = [{name: value for name, value in section.items() if value is not None}
                 for section in publish["sections"] or []]
     return _json({"type": "deliver", "account": account, "smuid": publish["smuid"], "topic": publish["topic"],
@@ -104,7 +105,8 @@ def _deliver_value(account: str, publish: dict) -> str:
 
 
 def _federation(publish: dict) -> dict:
-    """The publish's federation fields (:func:`routing.federation_sql`): a null depth read as 0, null hops as none."""
+    """The publish's federation fields (:func:`streaming.routing.federation.federation_sql`): a null depth
+    read as 0, null hops as none."""
     return {"depth": publish["depth"] or 0, "hops": publish["hops"] or [], "origin": publish["origin"],
             "origin_topic": publish["origin_topic"]}
 
@@ -140,12 +142,12 @@ def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Ta
           peers: Mapping[str, str] = MappingProxyType({})) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``decoded`` its records (:data:`routing.EVENTS`,
-    ``streaming.sink.decode_records``), ``current`` the active subscriptions before it
+    ``streaming.sink.decoding.decode_records``), ``current`` the active subscriptions before it
     (``SUBSCRIPTIONS_TABLE`` columns), ``pending`` the stored deliveries that expire by its clock
     ``now`` (:data:`routing.PENDING`), ``stored`` their messages (``MESSAGES_TABLE`` columns);
-    ``new_may_expire``: whether a message of the batch may (``streaming.sink.may_expire``: when not,
+    ``new_may_expire``: whether a message of the batch may (``streaming.sink.records.may_expire``: when not,
     the query does not look for stored deliveries the batch routes again); ``one``: whether a
-    publish may be DELIVERY ONE (``streaming.sink.has_delivery_one``: when not, none is treated so);
+    publish may be DELIVERY ONE (``streaming.sink.records.has_delivery_one``: when not, none is treated so);
     ``peers``: the ``[federation] peers`` (account → domain)."""
     events = [event for event in decoded.to_pylist() if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
@@ -190,7 +192,7 @@ def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Ta
 
 def _stored_expiring(pending: pa.Table, now: int | None, acks: dict, routed: set) -> list[tuple[str, int]]:
     """(account, smuid) of the stored deliveries that expire in this batch: neither acknowledged nor
-    routed again in it (:func:`routing.expiring_sql`'s last part)."""
+    routed again in it (:func:`streaming.routing.expiry.expiring_sql`'s last part)."""
     expires = pending.column("expires_at").cast(pa.int64()).to_pylist()
     return [(account, smuid) for account, smuid, status, expires_at in zip(
         pending.column("account").to_pylist(), pending.column("smuid").to_pylist(),
@@ -201,8 +203,8 @@ def _stored_expiring(pending: pa.Table, now: int | None, acks: dict, routed: set
 
 def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: pa.Table, batch_id: int,
            now: int | None) -> None:
-    """The expired messages into their topics' Trash, and their subscribers told (:func:`routing.trash_sql`,
-    :func:`routing.expired_records_sql`)."""
+    """The expired messages into their topics' Trash, and their subscribers told
+    (:func:`streaming.routing.expiry.trash_sql`, :func:`streaming.routing.records.expired_records_sql`)."""
     messages = {}  # smuid → its earliest row, this batch's or stored (a replay may hold both)
     for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
         messages.setdefault(row["smuid"], row)
@@ -218,7 +220,7 @@ def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: p
 
 
 def _message_row(publish: dict, batch_id: int) -> dict:
-    """A ``messages`` row (:func:`routing.message_rows_sql`)."""
+    """A ``messages`` row (:func:`streaming.routing.commands.message_rows_sql`)."""
     return {"smuid": publish["smuid"], "topic": publish["topic"], "cmuid": publish["cmuid"],
             "publisher": publish["account"], "publisher_guid": publish["guid"], "priority": publish["priority"],
             "headers": publish["headers"], "sections": publish["sections"], "accepted_at": publish["accepted_at"],
@@ -237,8 +239,8 @@ _SETTLED = {**_UNSET, "topic": None, "priority": None, "routed_at": None, "route
 
 def _delivery_row(publish: dict, account: str, ack: dict | None, unguaranteed: bool, batch_id: int,
                   routed_at: datetime, now: int | None) -> dict:
-    """A new delivery (:func:`routing.delivery_updates_sql`'s first part), acknowledged already when
-    the batch holds its ACK (a gateway routed it early)."""
+    """A new delivery (:func:`streaming.routing.delivery_updates.delivery_updates_sql`'s first part),
+    acknowledged already when the batch holds its ACK (a gateway routed it early)."""
     acked = ack is not None and (ack["accepted_at"] is not None or ack["guid"] is not None)
     status = ("sent" if unguaranteed else "acked" if acked else
               "expired" if _expired(publish["expires_at"], now) else "pending")

@@ -5,7 +5,7 @@ what a batch holds (never from the wall clock, so a replayed batch decides the
 same way, DESIGN Property 4).  Time-based rules such as expiry therefore need
 time to arrive as commands: every ``streaming.tick_interval_s`` the ticker
 appends ``{"type":"tick","at":<microseconds>}``, and a batch's "now" is the
-largest tick ``at`` (or ``accepted_at``) it holds (:func:`streaming.sink.batch_now`).
+largest tick ``at`` (or ``accepted_at``) it holds (:func:`streaming.sink.records.batch_now`).
 Gateways skip ticks.
 
 Between regular ticks the sink sets *alarms* (:meth:`Ticker.wake_at`): the times at which

@@ -15,6 +15,8 @@ from schemas import events as ev
 from schemas.config import FederationConfig, load_config
 from schemas.spark import FEDERATION, MESSAGES_TABLE, arrow_schema
 from streaming import dispatch, routing
+from streaming.routing.route import route_all_sql
+from streaming.routing.sql import run_sql
 from streaming.sink import CommandSink
 from tests.streaming.test_routing import (  # noqa: F401  (frames: the fixture)
     NOW, at, frames, nack, publish, seq, stored_message, sub_row, subscribe, ts)
@@ -73,7 +75,7 @@ def test_delivery_one_is_never_handed_to_a_peer_that_may_not_get_it(frames):
               for n in (1, 2)]
     late = frames.events(subscribe(1, "link_b", "/jobs/*"))
     intervals = routing.subscription_intervals(frames.subs(), late)
-    routed_all = routing.run_sql(routing.route_all_sql("{events}", "{intervals}", peers=PEERS),
+    routed_all = run_sql(route_all_sql("{events}", "{intervals}", peers=PEERS),
                                  {"events": late, "intervals": intervals})
     rows = routing.late(late, intervals, frames.of(MESSAGES_TABLE, *stored), frames.of(routing.HELD), routed_all,
                         NOW, PEERS).collect()

@@ -15,7 +15,11 @@ from schemas.spark import DELIVERIES_TABLE, KAFKA_RECORD, MESSAGES_TABLE, SUBSCR
 from schemas.topics import parse_pattern
 from streaming import routing
 from streaming.routing import ACKS, DELIVERIES, EVENTS, INTERVALS, KAFKA_OUT
-from pyspark.sql.types import BooleanType, StructField, StructType
+from streaming.routing.clearing import withheld_sql
+from streaming.routing.retries import reassigned_sql
+from streaming.routing.route import route_all_sql
+from streaming.routing.sql import run_sql
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -696,7 +700,7 @@ def test_receipts_fall_due_at_the_first_ack_for_one_at_the_last_for_all_and_x_of
                       ("bob", 6, "pending", "none"))  # asked for none
     events = frames.events(ack(1, "bob", 1), ack(2, "carol", 2), ack(3, "bob", 5), ack(4, "bob", 6))
     expiring = frames.of(routing.EXPIRING, ("carol", 4, False))
-    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]), (5,))
+    receipted = frames.of(StructType([StructField("smuid", LongType())]), (5,))
     due = routing.receipts_due(state, routing.extract_acks(events), expiring, receipted)
     expected = frames.of(routing.RECEIPTS_DUE, (1, "one", 1, 2), (2, "all", 2, 2), (4, "all", 1, 2))
     assert_df_equality(due, expected, ignore_row_order=True, ignore_nullable=True)
@@ -756,7 +760,7 @@ def test_a_nacked_delivery_one_message_goes_to_another_subscriber_never_to_one_t
     assert moved[4][0] == "cat" and moved[4][1] in ("ann", "ben")
     retried = routing.retried(events, retrying, acks, expiring, released)
     assert [(r.account, r.smuid, r.retries) for r in retried.collect()] == [("ann", 3, 1)]  # released ones are not
-    new = routing.run_sql(routing.reassigned_sql("{released}", "{messages}"),
+    new = run_sql(reassigned_sql("{released}", "{messages}"),
                           {"released": released, "messages": messages}).collect()
     assert sorted((r.account, r.smuid, r.delivery) for r in new) == sorted((to, s, "one") for s, (_, to) in moved.items())
     records = [ev.decode(r.value) for r in routing.expired_records(expiring, retried, released).collect()]
@@ -778,7 +782,7 @@ def late_for(frames, current, events, stored=(), held=(), now=NOW):
     """:func:`routing.late` of a batch: (account, smuid) pairs, sorted."""
     evts = frames.events(*events)
     intervals = routing.subscription_intervals(frames.subs(*current), evts)
-    routed_all = routing.run_sql(routing.route_all_sql("{events}", "{intervals}"),
+    routed_all = run_sql(route_all_sql("{events}", "{intervals}"),
                                  {"events": evts, "intervals": intervals})
     rows = routing.late(evts, intervals, frames.of(MESSAGES_TABLE, *stored), frames.of(routing.HELD, *held),
                         routed_all, now).collect()
@@ -872,7 +876,7 @@ def test_a_subscribe_with_since_withholds_what_its_own_batch_routed_before_it(fr
     deliveries = routing.route(evts, routing.subscription_intervals(current, evts))
     held_back = routing.withheld(evts, deliveries)
     assert sorted((r.account, r.smuid) for r in held_back.collect()) == [("bob", 1)]
-    updates = routing.delivery_updates(routing.run_sql(routing.withheld_sql("{e}", "{d}", cleared=False),
+    updates = routing.delivery_updates(run_sql(withheld_sql("{e}", "{d}", cleared=False),
                                                        {"e": evts, "d": deliveries}),
                                        frames.of(ACKS), 5, T0, NOW, withheld=held_back)
     assert sorted((r.account, r.smuid, r.status, r.is_new) for r in updates.collect()) == [
@@ -884,7 +888,7 @@ def test_a_message_that_reached_nobody_gets_a_0_of_0_receipt_at_expiry(frames):
     messages = frames.of(MESSAGES_TABLE, *((n, "/t", f"c{n}", "alice", "ga", 0, [], [], ts(1), 0, n, 1, ts(10), mode,
                                             "all") for n, mode in ((1, "all"), (2, "one"), (3, "none"), (4, "all"))))
     expiring = frames.of(routing.EXPIRING, ("", 1, False), ("", 2, True), ("", 3, False), ("", 4, False))
-    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]), (4,))  # answered already
+    receipted = frames.of(StructType([StructField("smuid", LongType())]), (4,))  # answered already
     due = routing.receipts_due(frames.of(routing.RECEIPT_STATE), frames.of(ACKS), expiring, receipted, messages)
     expected = frames.of(routing.RECEIPTS_DUE, (1, "all", 0, 0), (2, "one", 0, 0))
     assert_df_equality(due, expected, ignore_row_order=True, ignore_nullable=True)
@@ -901,7 +905,7 @@ def test_a_message_routed_already_expired_gets_its_x_of_y_receipt_in_the_same_ba
                                delivery("bob", 1, "/t", 1, expires_at=10) + ("all", "all"),
                                delivery("ann", 2, "/t", 2, expires_at=10) + ("none", "all"))
     expiring = frames.of(routing.EXPIRING, ("ann", 1, True), ("bob", 1, True), ("ann", 2, True))
-    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]))
+    receipted = frames.of(StructType([StructField("smuid", LongType())]))
     due = routing.receipts_due(state, frames.of(ACKS), expiring, receipted, routed=routed)
     assert_df_equality(due, frames.of(routing.RECEIPTS_DUE, (1, "all", 1, 3)), ignore_nullable=True)
 
@@ -912,7 +916,7 @@ def test_an_ack_in_the_batch_that_routes_the_message_counts_toward_its_receipt(f
     routed = frames.deliveries(*(delivery(account, n, "/t", n, expires_at=10**9) + (mode, "all")
                                  for n, mode in ((1, "one"), (2, "all")) for account in ("ann", "bob")))
     acks = frames.of(ACKS, ("bob", 1, ts(3), "gb", seq(3)), ("bob", 2, ts(3), "gb", seq(4)))
-    receipted = frames.of(StructType([StructField("smuid", routing.LongType())]))
+    receipted = frames.of(StructType([StructField("smuid", LongType())]))
     due = routing.receipts_due(frames.of(routing.RECEIPT_STATE), acks, frames.of(routing.EXPIRING), receipted,
                                routed=routed)
     assert_df_equality(due, frames.of(routing.RECEIPTS_DUE, (1, "one", 1, 2)), ignore_nullable=True)

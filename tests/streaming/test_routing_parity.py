@@ -4,7 +4,7 @@ A gateway NOTIFYs a DELIVERY ALL message as soon as its fold of the commands log
 publish (``gateway.registry.Registry.recipients``, on :func:`schemas.topics.recipients`); the job
 routes the same publish in SQL (``streaming.routing.subscription_intervals`` and
 ``streaming.routing.route``, the ``intervals`` and ``routed_all`` steps of
-``streaming.sink.batch_sql``).  Here both read one generated commands log, as the records a
+``streaming.sink.query.batch_sql``).  Here both read one generated commands log, as the records a
 gateway appends (``schemas.events``), and must name the same accounts for every publish.
 
 Spark takes seconds per query, so each hypothesis example holds :data:`CASES` independent cases,
@@ -31,7 +31,7 @@ from gateway.registry import Registry
 from schemas import events as ev
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming import routing
-from streaming.sink import decode_records, in_log_order
+from streaming.sink.decoding import decode_records, in_log_order
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -145,7 +145,7 @@ def gateway_routing(log: list, peers: Mapping[str, str] = routing.NO_PEERS) -> d
 def job_routing(spark, prior: list, batch: list, skew_ms: Callable[[int], int] = lambda offset: 0,
                 peers: Mapping[str, str] = routing.NO_PEERS) -> dict[int, list[str]]:
     """Each publish's recipients as the job routes ``batch`` after it committed ``prior``, the
-    records' timestamps put in log order as the sink does (:func:`streaming.sink.in_log_order`)."""
+    records' timestamps put in log order as the sink does (:func:`streaming.sink.decoding.in_log_order`)."""
     floors: dict[int, int] = {}
 
     def frame(events: list, first_offset: int):

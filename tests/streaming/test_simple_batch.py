@@ -15,7 +15,8 @@ from schemas import events as ev
 from schemas.config import FederationConfig, load_config
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming.simple_batch import Shape, is_simple
-from streaming.sink import OUTPUTS, CommandSink
+from streaming.sink import CommandSink
+from streaming.sink.query import OUTPUTS
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)

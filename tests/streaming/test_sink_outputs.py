@@ -12,7 +12,13 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming import routing
-from streaming.sink import OUTPUTS, CommandSink, _nothing_to_route, batch_now, decode_records, events_by_kind
+from streaming.routing.commands import valid_events_sql
+from streaming.routing.receipts import receipt_rows_sql
+from streaming.routing.sql import run_sql
+from streaming.sink import CommandSink
+from streaming.sink.decoding import decode_records, events_by_kind
+from streaming.sink.query import OUTPUTS
+from streaming.sink.records import batch_now, nothing_to_route
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 US0 = int(T0.timestamp() * 1_000_000)
@@ -52,7 +58,7 @@ def assert_outputs_equal_the_public_transforms(spark, sink, commands, sizes) -> 
         "deliveries": routing.delivery_updates(deliveries, acks, 7, routed_at, now, unrouted, expiring, retried,
                                                released),
         "subscriptions": routing.subscription_state(intervals, 7),
-        "receipts": routing.run_sql(routing.receipt_rows_sql("{receipts}", 7), {"receipts": routing.receipt_messages(
+        "receipts": run_sql(receipt_rows_sql("{receipts}", 7), {"receipts": routing.receipt_messages(
             routing.receipts_due(spark.createDataFrame([], routing.RECEIPT_STATE), acks, expiring,
                                  spark.createDataFrame([], "smuid bigint")), messages, now)}),
     }
@@ -149,7 +155,7 @@ def test_decoding_in_python_gives_the_events_from_json_gives(spark):
     records = spark.createDataFrame(rows, KAFKA_RECORD)
 
     decoded = spark.createDataFrame(decode_records(records.toArrow()), routing.EVENTS)
-    ours = routing.run_sql(routing.valid_events_sql("{decoded}"), {"decoded": decoded})
+    ours = run_sql(valid_events_sql("{decoded}"), {"decoded": decoded})
 
     assert decoded.count() == len(values)  # one row per record: the sink's progress counts them all
     assert_df_equality(ours, routing.parse_commands(records), ignore_row_order=True, ignore_nullable=True)
@@ -315,17 +321,17 @@ def test_a_delivery_one_message_a_since_clears_goes_to_another_subscriber(spark,
     assert [r for r in rows if r[0] == "bob"] == [("bob", 1, "pending"), ("bob", 2, "pending"), ("bob", 10, "pending")]
 
 
-def test_a_batch_of_only_ticks_and_gateway_control_events_has_nothing_to_route():
+def test_a_batch_of_only_ticks_and_gateway_control_events_hasnothing_to_route():
     """Logins' presence and topic registry events are the gateways' alone: a batch of only those (and
     the clock) runs no routing query; one that also holds a routed event (REMOVE TOPIC too) does."""
     def records(*events):
         return pa.table({"value": [e.to_bytes() for e in events]})
 
     control = [ev.Tick(US0), ev.Presence(1, "ann", True), ev.NodeReset(2), ev.CreateTopic("r", "ann", "/t", US0)]
-    assert _nothing_to_route(records(*control))
-    assert not _nothing_to_route(records(*control, ev.RemoveTopic("r", "ann", "/t", US0)))
-    assert not _nothing_to_route(records(*control, ev.Ack("bob", "gb", 1, US0)))
-    assert not _nothing_to_route(records(ev.Publish(1, "/t", "c1", "alice", "gp", US0)))
+    assert nothing_to_route(records(*control))
+    assert not nothing_to_route(records(*control, ev.RemoveTopic("r", "ann", "/t", US0)))
+    assert not nothing_to_route(records(*control, ev.Ack("bob", "gb", 1, US0)))
+    assert not nothing_to_route(records(ev.Publish(1, "/t", "c1", "alice", "gp", US0)))
 
 
 

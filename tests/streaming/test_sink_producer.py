@@ -13,7 +13,8 @@ from deploy.broker import KafkaBroker
 from kafka_edge import ThreadedLog
 from schemas.config import KafkaConfig, load_config
 from schemas.events import Acked, AckedBatch, decode, decode_all
-from streaming.sink import ACKED_PER_RECORD, CommandSink
+from streaming.sink import CommandSink
+from streaming.sink.command_sink import ACKED_PER_RECORD
 from tests.conftest import kafka_config
 
 

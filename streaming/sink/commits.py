@@ -1,0 +1,155 @@
+"""A batch's Delta commits: each table merged or appended idempotently for its batch id, in the order
+a replay relies on (:meth:`DeltaCommits.commit_outputs`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from schemas.spark import DELIVERIES_TABLE, TABLES, arrow_schema
+
+
+def _commit(app_id: str, batch_id: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+
+
+def _to_table(arrow: pa.Table, name: str) -> pa.Table:
+    """Spark's Arrow output, cast to the table's declared Arrow schema."""
+    schema = arrow_schema(TABLES[name])
+    return arrow.select(schema.names).cast(schema)
+
+
+class DeltaCommits:
+    """The Delta commits of a batch's outputs (:meth:`commit_outputs`).
+
+    A mixin of :class:`streaming.sink.command_sink.CommandSink`: it commits through
+    :class:`~streaming.sink.tables.DeltaTables` and tells
+    :meth:`~streaming.sink.reads.StoredReads._note_removed` what it committed.
+    """
+
+    def commit_outputs(self, out: dict[str, pa.Table], batch_id: int) -> None:
+        """Commit the Delta outputs of :meth:`outputs`, each table idempotently for ``batch_id``,
+        ``subscriptions`` last (see :mod:`streaming.sink.command_sink`)."""
+        self._commit_messages(out["messages"], batch_id)
+        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
+        deliveries = out["deliveries"]
+        nobody = pc.equal(deliveries.column("account"), "")
+        self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
+        # after deliveries: a replay that finds this batch's deliveries committed takes DELIVERY ONE's
+        # holders from them (:meth:`limit_in_flight`) and still owes the waiting rows that go with them
+        self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
+        self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
+        self._commit_subscriptions(out["subscriptions"], batch_id)
+        self._note_removed(out)
+
+    def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
+        rows = _to_table(arrow, "messages")
+        if rows.num_rows and (table := self._uncommitted("messages", batch_id)) is not None:
+            write_deltalake(table, rows, mode="append",
+                            commit_properties=_commit(self.app_id("messages"), batch_id))
+
+    def _commit_deliveries(self, arrow: pa.Table, batch_id: int, name: str = "deliveries") -> None:
+        """Merge into ``deliveries`` (or ``unrouted``: the rows of account ``''``, same columns)."""
+        if not arrow.num_rows or (table := self._uncommitted(name, batch_id)) is None:
+            return
+        source = _to_table(arrow, name).append_column("is_new", arrow.column("is_new"))
+        smuids = source.column("smuid")
+        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        columns = DELIVERIES_TABLE.fieldNames()
+        (
+            table.merge(
+                source,
+                predicate=(f"t.account = s.account AND t.smuid = s.smuid "
+                           f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id(name), batch_id),
+            )
+            .when_matched_update(
+                updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
+                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed', 'released')",
+            )
+            .when_matched_update(
+                updates={"status": "s.status"},
+                predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted', 'waiting')",
+            )
+            .when_matched_update(
+                updates={"status": "s.status", "retries": "s.retries"},
+                predicate="s.status = 'trashed' AND t.status = 'pending'",
+            )
+            .when_matched_update(
+                updates={"retries": "s.retries"},
+                predicate="s.status = 'retry' AND t.status = 'pending'",
+            )
+            .when_matched_update(  # handed on (DELIVERY ONE), or cleared by a new SINCE
+                updates={"status": "s.status"},
+                predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
+            )
+            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed;
+                updates={"status": "s.status"},  # a ``waiting`` one: a subscriber had room for it
+                predicate=("NOT s.is_new AND ((s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')) "
+                           "OR (s.status = 'trashed' AND t.status = 'removed'))"),
+            )
+            .when_matched_update(  # a DELIVERY ONE message handed on, and nobody has room for it now
+                updates={"status": "s.status"},
+                predicate="s.is_new AND s.status = 'waiting' AND t.status IN ('unrouted', 'routed')",
+            )
+            .when_matched_update(  # a message a late subscriber took from ``unrouted`` outlives its topic
+                updates={"status": "s.status"},
+                predicate="s.is_new AND s.status = 'removed' AND t.status = 'routed'",
+            )
+            .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
+                updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",
+                         "retries": "s.retries"},
+                predicate="s.is_new AND s.status = 'pending' AND t.status = 'released'",
+            )
+            .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
+            .execute()
+        )
+
+    def _commit_trash(self, arrow: pa.Table, batch_id: int) -> None:
+        """Insert the batch's Trash rows; a message already in the Trash (for the whole message,
+        account '', or for one subscriber) is never added again."""
+        rows = _to_table(arrow, "trash")
+        if not rows.num_rows or (table := self._uncommitted("trash", batch_id)) is None:
+            return
+        smuids = rows.column("smuid")
+        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        (
+            table.merge(
+                rows, predicate=(f"t.smuid = s.smuid AND coalesce(t.account, '') = s.account "
+                                 f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id("trash"), batch_id),
+            )
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def _commit_receipts(self, arrow: pa.Table, batch_id: int) -> None:
+        """Record the receipts sent: a message is answered once, ever."""
+        rows = _to_table(arrow, "receipts")
+        if not rows.num_rows or (table := self._uncommitted("receipts", batch_id)) is None:
+            return
+        (
+            table.merge(rows, predicate="t.smuid = s.smuid", source_alias="s", target_alias="t",
+                        commit_properties=_commit(self.app_id("receipts"), batch_id))
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def _commit_subscriptions(self, arrow: pa.Table, batch_id: int) -> None:
+        rows = _to_table(arrow, "subscriptions")
+        if not rows.num_rows:
+            return
+        (
+            self._table("subscriptions").merge(
+                rows, predicate="t.account = s.account AND t.pattern = s.pattern",
+                source_alias="s", target_alias="t",
+                commit_properties=_commit(self.app_id("subscriptions"), batch_id),
+            )
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )

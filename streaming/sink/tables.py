@@ -1,0 +1,78 @@
+"""The job's Delta tables, opened once and kept up to date, and the batch each last committed: the app
+transactions that make a replayed batch write nothing twice.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import DeltaTable, Schema
+
+from schemas.spark import TABLES, TABLE_PROPERTIES, arrow_schema
+
+
+class DeltaTables:
+    """The Delta tables, open (``_tables``, set up by the host), and the app transactions of this query.
+
+    A mixin of :class:`streaming.sink.command_sink.CommandSink`: it uses the sink's ``config`` (where
+    the tables are) and ``query_name`` (the app-transaction ids).
+    """
+
+    def app_id(self, table: str) -> str:
+        """The Delta app-transaction id for ``table``: ``"<query name>:<table>"``."""
+        return f"{self.query_name}:{table}"
+
+    def committed_version(self, table: str) -> int | None:
+        """The last batch id committed to ``table`` by this query (None: never)."""
+        if not self._exists(table):
+            return None
+        return self._table(table).transaction_version(self.app_id(table))
+
+    def _exists(self, name: str) -> bool:
+        return name in self._tables or DeltaTable.is_deltatable(self.config.table_path(name))
+
+    def _done(self, table: str, batch_id: int) -> bool:
+        version = self.committed_version(table)
+        return version is not None and version >= batch_id
+
+    def _table(self, name: str) -> DeltaTable:
+        """Table ``name`` at its latest version: opened once (:meth:`_open`), then brought up to date.
+
+        Why kept open: a batch reads or commits a dozen times, and opening a table reads its last
+        checkpoint and the log after it, where an open one reads only the commits it has not seen
+        (measured with delta-rs 1.6: 12 ms against 2 ms; a commit and a fresh open 39 ms against 8)."""
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = self._open(name)
+        else:
+            table.update_incremental()
+        return table
+
+    def _open(self, name: str) -> DeltaTable:
+        """Table ``name``, created when missing (with :data:`TABLE_PROPERTIES`), and given any column
+        its schema gained and any of those properties it lacks since."""
+        path = self.config.table_path(name)
+        if not DeltaTable.is_deltatable(path):
+            DeltaTable.create(path, schema=arrow_schema(TABLES[name]), mode="ignore", name=name,
+                              configuration=TABLE_PROPERTIES)
+        table = DeltaTable(path)
+        configured = table.metadata().configuration
+        # a table made before the pin: delta-rs cannot set the column mapping key on an existing
+        # table, and absent it means "none" there, so only the other keys are set
+        missing = {key: value for key, value in TABLE_PROPERTIES.items()
+                   if configured.get(key) != value and key != "delta.columnMapping.mode"}
+        if missing:
+            table.alter.set_table_properties(missing)
+            table = DeltaTable(path)
+        present = {f.name for f in table.schema().fields}
+        missing = [f for f in arrow_schema(TABLES[name]) if f.name not in present]
+        if missing:
+            # A data dir written before a column existed (e.g. subscriptions.since): the merges name every column.
+            table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+            table = DeltaTable(path)
+        return table
+
+    def _uncommitted(self, name: str, batch_id: int) -> DeltaTable | None:
+        """Table ``name`` opened once for this commit, or None when it already holds ``batch_id``."""
+        table = self._table(name)
+        version = table.transaction_version(self.app_id(name))
+        return None if version is not None and version >= batch_id else table
