@@ -7,8 +7,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from schemas import events as ev
@@ -46,7 +47,9 @@ def publishes(first: int):
             depth=forwarding[0], hops=forwarding[1], origin=forwarding[2], origin_topic=forwarding[3]),
         st.integers(1, 8), st.sampled_from(TOPICS), st.sampled_from(ACCOUNTS), st.integers(first, first + 30),
         st.sampled_from(HEADERS), st.one_of(st.none(), st.integers(0, 200)),
-        st.sampled_from(["all", "ALL", "one", "one", "ONE"]), st.sampled_from(["none", "none", "none", "one", "all"]),
+        st.sampled_from(["all", "ALL", "one", "one", "ONE"]),
+        # a receipt due sends the batch through the routing query: rare enough that most batches are simple
+        st.sampled_from(["none"] * 12 + ["one", "all"]),
         st.booleans(), st.sampled_from(FORWARDING))
 
 
@@ -88,7 +91,8 @@ def comparable(out: dict[str, pa.Table]) -> dict[str, list]:
     return found
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.timeout(900)  # each example plans two routing queries: 5-15 s apiece on a busy host
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(current=subscriptions, before=batches(0), batch=batches(40))
 def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp_path_factory, current, before,
                                                                       batch):
@@ -105,7 +109,11 @@ def test_a_simple_batch_routed_on_the_driver_equals_the_routing_query(spark, tmp
 
     simple, full = driver.outputs(frame, 7, routed_at), query.outputs(frame, 7, routed_at)
 
-    assume(driver.query_ms["plan"] == 0)  # routed on the driver (a 0/0 receipt may be due: then not)
+    # Routed on the driver unless a 0/0 receipt is due.  Not ``assume``: examples it rejects do not
+    # count towards max_examples, so hypothesis ran more of them, each planning two routing queries,
+    # and once took the test past pytest's 300 s timeout, whose interruption of a py4j call left the
+    # session's JVM connection out of step for every test after it.
+    event("routed on the driver" if driver.query_ms["plan"] == 0 else "a receipt due: routed by the query too")
     assert query.query_ms["plan"] > 0
     assert comparable(simple) == comparable(full)
 
