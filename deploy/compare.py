@@ -225,10 +225,7 @@ async def run_workloads(systems: dict, args) -> dict:
     """Every selected workload, ``args.runs`` times per system, the systems alternating who goes first."""
     for name, system in systems.items():
         progress(f"warming up {LABELS[name]}: 100 messages at 20 msg/s, until all are delivered ...")
-        warm = await workloads.paced(system, "warmup", 20, 5, args.timeout, 100, lambda _: None)
-        if warm["not_delivered"]:
-            raise RuntimeError(f"{LABELS[name]} delivered {warm['delivered']} of {warm['sent']} warm-up messages "
-                               f"within {args.timeout:g} s")
+        await workloads.warm_up(system, LABELS[name], args.timeout)
     results: dict = {}
     for workload in [w for w in args.workloads if w != "soak"]:
         results[workload] = {name: [] for name in systems}

@@ -166,6 +166,15 @@ class _Paced:
     last_receipt: float = 0.0
 
 
+async def warm_up(system: System, label: str, timeout: float) -> None:
+    """100 messages at 20 msg/s to one subscriber, until all are delivered: connections, the job's
+    first batches and the JIT warm before anything is measured."""
+    warm = await paced(system, "warmup", 20, 5, timeout, 100, lambda _: None)
+    if warm["not_delivered"]:
+        raise RuntimeError(f"{label} delivered {warm['delivered']} of {warm['sent']} warm-up messages "
+                           f"within {timeout:g} s")
+
+
 async def paced(system: System, dest: str, rate: float, seconds: float, grace: float, max_in_flight: int,
                 progress: Progress) -> dict:
     """Publish at a steady ``rate`` for ``seconds`` to one subscriber that acknowledges each message.

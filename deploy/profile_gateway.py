@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
     parser.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
     parser.add_argument("--out", default="bench-results/profile-gateway",
-                        help="path prefix of the .svg and .txt written (default bench-results/profile-gateway)")
+                        help="path prefix of the .txt and .raw.txt written (default bench-results/profile-gateway)")
     return parser.parse_args(argv)
 
 
@@ -117,7 +117,7 @@ async def _workload(system, args) -> dict:
 
 async def _sampled(system, args, out: Path) -> tuple[dict, float]:
     """Warm the stack up, then run the workload while py-spy samples the gateway."""
-    await workloads.paced(system, "warmup", 20, 5, 120, 100, lambda _: None)
+    await workloads.warm_up(system, "ours", 120)
     raw = out.with_suffix(".raw.txt")
     spy = subprocess.Popen([_py_spy(), "record", "--pid", str(system.processes()["gateway"]),
                             "--rate", str(args.rate), "--format", "raw", "--output", str(raw), "--nonblocking", "--gil"],

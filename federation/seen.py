@@ -17,12 +17,11 @@ timeouts that differ between farms).  The set holds what is alive, not every mes
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import Mapping
 
 from federation.inbound import dedup_key
 from kafka_edge import Cluster, Tail
-from schemas.config import KafkaConfig
+from schemas.config import FederationConfig, KafkaConfig
 from schemas.events import Publish, decode
 
 #: A commands record that may be a forwarded publish: its JSON starts so, and has an origin string
@@ -35,7 +34,7 @@ class Seen:
     """Dedup keys (:func:`federation.inbound.dedup_key`) appended here, each with its message's expiry
     (microseconds; None: a state message, kept for ever), and the keys being appended."""
 
-    def __init__(self, keys: Mapping[str, int | None] | None = None, grace_us: int = 3_600_000_000):
+    def __init__(self, keys: Mapping[str, int | None] | None = None, grace_us: int = round(FederationConfig.seen_grace_s * 1_000_000)):
         self._keys: dict[str, int | None] = dict(keys or {})
         self._claims: dict[str, asyncio.Future] = {}
         self.grace_us = grace_us
@@ -65,7 +64,6 @@ class Seen:
         claim = self._claims.pop(key, None)
         if claim is not None and not claim.done():
             claim.set_result(None)
-
 
     def forget_dead(self, now: int) -> int:
         """Forget the keys whose message died more than ``grace_us`` before ``now`` (µs): it cannot
