@@ -137,16 +137,20 @@ class StreamingConfig:
     # query with it: a Kafka outage shorter than this only pauses routing.  The gateways' own bound,
     # [kafka] delivery_timeout_ms, is short because a client waits on each of their appends
     kafka_outage_s: float = 300.0
-    # a batch that finds commands goes on reading while they keep coming (none for busy_gap_ms ends a
-    # burst; the job's own ticks are not commands here), up to this long: the gateways NOTIFY DELIVERY
-    # ALL messages without the job, so a burst gets the host's cores, and the job routes it afterwards
-    # in one batch, paying a batch's fixed cost (planning, Delta commits) once.  What waits on the job
-    # (DELIVERY ONE, receipts, expiry, Delta) lags by as much under steady traffic, and by busy_gap_ms at
-    # least; 0 = never (python source only).  Measured on Kafka (bench-results/ab-defer/, medians of 3
-    # alternating runs): 0 instead of 3 cost the fan-out 21 % (27,261 -> 21,570 deliveries/s) and the
-    # drain 21 % (23,784 -> 18,756 msg/s); publish -> NOTIFY at 1,000 msg/s was the same (p50 15 ms)
+    # a batch that finds a burst of commands goes on reading while it lasts (a poll every busy_gap_ms
+    # brings busy_rate a second or more; the job's own ticks are not commands here), up to this long:
+    # the gateways NOTIFY DELIVERY ALL messages without the job, so a burst gets the host's cores, and
+    # the job routes it afterwards in one batch, paying a batch's fixed cost (Delta commits) once.
+    # Measured on Kafka (bench-results/ab-defer/, medians of 3 alternating runs): 0 instead of 3 cost
+    # the fan-out 21 % (27,261 -> 21,570 deliveries/s) and the drain 21 % (23,784 -> 18,756 msg/s);
+    # publish -> NOTIFY at 1,000 msg/s was the same (p50 15 ms).  0 = never (python source only)
     defer_while_busy_s: float = 3.0
     busy_gap_ms: int = 200
+    # commands a second that make a burst.  Slower traffic is routed at once, so what waits on the job
+    # (DELIVERY ONE, expiry, receipts, Delta) does not lag behind it: at 1,000 msg/s a deferred batch
+    # came every 5 s.  The bursts the deferral is for run at 16,000-25,000 commands a second on this
+    # host (ingest, fan-out, drain); 0 = any command is a burst (every batch deferred by busy_gap_ms)
+    busy_rate: int = 5000
     query_name: str = "smqp-router"
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
     trash_retention: str = "07:00:00:00"  # how long the Trash keeps a message (spec timeout format); INFINITE = forever

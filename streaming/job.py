@@ -56,6 +56,7 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
         "pollTimeoutMs": str(streaming.poll_timeout_ms),
         "deferWhileBusyMs": str(round(streaming.defer_while_busy_s * 1000)),
         "busyGapMs": str(streaming.busy_gap_ms),
+        "busyRate": str(streaming.busy_rate),
     }
     return "smqp_kafka", options
 

@@ -17,20 +17,23 @@ micro-batches, so a batch costs one ``poll`` instead of a connection.
   consumer and fails with a clear error if the range cannot be read in time.
 - ``Trigger.AvailableNow`` is supported: the target is each partition's end
   when the query starts.
-- ``deferWhileBusyMs``: a read that finds commands goes on reading while they
-  keep coming (a poll every ``busyGapMs`` brings more; ticks do not count), up
-  to that long, so a batch starts once the burst is over (:meth:`KafkaStreamReader._while_busy`).
-  The gateways NOTIFY DELIVERY ALL messages without the job, so a burst's
-  deliveries get the host's cores; the job then routes the burst in one batch,
-  whose fixed cost (planning, Delta commits) is paid once instead of every
-  second or so.
+- ``deferWhileBusyMs``: a read that finds a burst of commands goes on reading
+  while it lasts, up to that long, so a batch starts once the burst is over
+  (:meth:`KafkaStreamReader._while_busy`).  A burst is commands coming at
+  ``busyRate`` a second or faster: by their Kafka timestamps, over the last
+  ``busyGapMs`` of what the read found, and then in each poll a ``busyGapMs``
+  later (ticks do not count).  The gateways NOTIFY DELIVERY ALL
+  messages without the job, so a burst's deliveries get the host's cores; the
+  job then routes the burst in one batch, whose fixed cost (Delta commits) is
+  paid once instead of every second or so.  Slower traffic is read and routed
+  at once: what waits on the job (DELIVERY ONE, expiry, receipts) does not lag.
 
 Options: ``bootstrap`` (required), ``topic`` (required),
 ``maxRecordsPerBatch`` (100000), ``pollTimeoutMs`` (50), ``catchUpTimeoutMs``
 (2000: how long a read keeps polling while the broker is known to hold more
 data than it has returned), ``replayTimeoutMs`` (60000), ``metadataTimeoutMs``
 (10000: how long to wait for the topic to exist), ``deferWhileBusyMs`` (0: never),
-``busyGapMs`` (200).
+``busyGapMs`` (200), ``busyRate`` (commands a second; 0: any command is a burst).
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ class KafkaDataSource(DataSource):
 _NUMERIC_OPTIONS = {"maxrecordsperbatch": "max_records", "polltimeoutms": "poll_timeout_ms",
                     "catchuptimeoutms": "catch_up_timeout_ms", "replaytimeoutms": "replay_timeout_ms",
                     "metadatatimeoutms": "metadata_timeout_ms",
-                    "deferwhilebusyms": "defer_while_busy_ms", "busygapms": "busy_gap_ms"}
+                    "deferwhilebusyms": "defer_while_busy_ms", "busygapms": "busy_gap_ms",
+                    "busyrate": "busy_rate"}
 
 
 def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
@@ -109,7 +113,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                  poll_timeout_ms: int = StreamingConfig.poll_timeout_ms,
                  catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
                  metadata_timeout_ms: int = 10000,
-                 defer_while_busy_ms: int = 0, busy_gap_ms: int = StreamingConfig.busy_gap_ms):
+                 defer_while_busy_ms: int = 0, busy_gap_ms: int = StreamingConfig.busy_gap_ms,
+                 busy_rate: int = 0):
         self.bootstrap = bootstrap
         self.topic = topic
         self.max_records = max_records
@@ -119,6 +124,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self.metadata_timeout_ms = metadata_timeout_ms
         self.defer_while_busy_ms = defer_while_busy_ms
         self.busy_gap_ms = busy_gap_ms
+        self.busy_rate = busy_rate
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow end offsets
         self._consumer = None  # created lazily, never pickled
         self._positions: dict[int, int] = {}  # where the live consumer stands, per partition
@@ -229,21 +235,42 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         return iter([_records_to_batch(kept, _ARROW_SCHEMA)]), offsets
 
     def _while_busy(self, consumer, partitions: list[int], limit: int, kept: list) -> None:
-        """Go on adding to ``kept`` while commands keep coming (``deferWhileBusyMs``).
+        """Go on adding to ``kept`` while a burst of commands lasts (``deferWhileBusyMs``).
 
-        A read that found commands polls again every ``busyGapMs``, keeping what it gets, until a
-        poll brings nothing new (the burst is over), the batch is full, or ``deferWhileBusyMs``
-        has passed.  Ticks are not traffic: a tick interval under ``busyGapMs`` would otherwise
-        defer every batch, and the expiry the ticks drive with it."""
-        if not _any_command(kept) or self.defer_while_busy_ms <= 0 or self._target is not None:
+        A read whose commands came at ``busyRate`` a second or faster (:meth:`_burst`) polls again
+        every ``busyGapMs``, keeping what it gets, until a poll brings fewer than a gap's worth of
+        commands at that rate (the burst is over), the batch is full, or ``deferWhileBusyMs`` has
+        passed.  Slower traffic is not deferred: it is what DELIVERY ONE, expiry and receipts
+        wait on, and the job keeps up with it.  Ticks are not traffic: a tick interval under
+        ``busyGapMs`` would otherwise defer every batch, and the expiry the ticks drive with it."""
+        if self.defer_while_busy_ms <= 0 or self._target is not None or not self._burst(kept):
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
         while len(kept) < limit and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.busy_gap_ms / 1000, left))
             before = len(kept)
             self._poll(consumer, partitions, limit, kept)
-            if not _any_command(islice(kept, before, None)):
+            if _commands(islice(kept, before, None)) < self._gap_worth():
                 break
+
+    def _gap_worth(self) -> int:
+        """The commands a ``busyGapMs`` brings at ``busyRate`` (at least one)."""
+        return max(1, self.busy_rate * self.busy_gap_ms // 1000)
+
+    def _burst(self, records: list) -> bool:
+        """Whether ``records`` end in a burst: commands at ``busyRate`` a second or faster over the last
+        ``busyGapMs`` before the newest, by their Kafka timestamps (the appenders' clocks, never the
+        job's: a gateway whose clock is behind only makes a burst look slower).  Traffic that began
+        less than a gap ago is judged over the time it has run, but at least a tenth of a gap, so a
+        read that comes just after a burst began defers it whole, and two lone commands a moment
+        apart are no burst."""
+        stamps = [r.timestamp for r in records if not Tick.encodes(r.value)]
+        if not stamps:
+            return False
+        newest = max(stamps)
+        recent = [stamp for stamp in stamps if stamp >= newest - self.busy_gap_ms]
+        span_ms = max(newest - min(recent), self.busy_gap_ms / 10, 1)
+        return len(recent) * 1000 / span_ms >= max(self.busy_rate, 1)
 
     def _poll(self, consumer, partitions: list[int], limit: int, kept: list) -> None:
         """Add to ``kept`` the records this batch reads (none past the AvailableNow target).
@@ -324,9 +351,9 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             self._consumer = None
 
 
-def _any_command(records) -> bool:
-    """Whether ``records`` hold anything but the job's own :class:`~schemas.events.Tick`."""
-    return any(not Tick.encodes(record.value) for record in records)
+def _commands(records) -> int:
+    """How many of ``records`` are anything but the job's own :class:`~schemas.events.Tick`."""
+    return sum(1 for record in records if not Tick.encodes(record.value))
 
 
 _ARROW_SCHEMA = arrow_schema(KAFKA_RECORD)

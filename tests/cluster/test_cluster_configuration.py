@@ -21,7 +21,7 @@ def test_the_default_source_is_ours_over_kafka_python():
                                                          "defer_while_busy_s": 1.5})
     assert source_options(config) == ("smqp_kafka", {
         "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000", "pollTimeoutMs": "20",
-        "deferWhileBusyMs": "1500", "busyGapMs": "200"})
+        "deferWhileBusyMs": "1500", "busyGapMs": "200", "busyRate": "5000"})
 
 
 def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():

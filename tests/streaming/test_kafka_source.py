@@ -176,16 +176,20 @@ def read_after_sending(reader, producer, topic: str, value: bytes, partition: in
 
 
 @contextlib.contextmanager
-def sending_every_50_ms(producer, topic: str, record):
-    """From a thread, sends ``record(n)``, a (value, partition), every 50 ms (never a 300 ms gap)
-    until the block ends; yields the values sent so far."""
+def sending_every_50_ms(producer, topic: str, record, per: int = 1):
+    """From a thread, sends ``per`` records ``record(n)``, each a (value, partition), every 50 ms (never
+    a 300 ms gap) until the block ends; yields the values sent so far."""
     stop, sent = threading.Event(), []
 
     def send() -> None:
         while not stop.is_set():
-            value, partition = record(len(sent))
-            producer.send(topic, value=value, partition=partition).get(timeout=30)
-            sent.append(value)
+            futures = []
+            for _ in range(per):
+                value, partition = record(len(sent))
+                futures.append(producer.send(topic, value=value, partition=partition))
+                sent.append(value)
+            for future in futures:
+                future.get(timeout=30)
             time.sleep(0.05)
 
     sender = threading.Thread(target=send)
@@ -224,6 +228,37 @@ def test_a_read_goes_on_while_commands_keep_coming_until_a_gap_or_the_longest_wa
         reader.stop()
 
 
+def test_only_a_burst_at_the_busy_rate_defers_a_read(broker):
+    """``busyRate``: commands slower than it (20 a second here, against 100) are returned at once,
+    with no gap waited out, so what waits on the job does not lag behind steady traffic; a stream at
+    400 a second is a burst, read on to the longest wait."""
+    topic = new_topic(broker)
+    reader = KafkaStreamReader(broker.bootstrap, topic, defer_while_busy_ms=1500, busy_gap_ms=300, busy_rate=100)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    try:
+        begin = reader.initialOffset()
+        with sending_every_50_ms(producer, topic, lambda n: (f"slow{n}".encode(), n % 2)) as sent:
+            while len(sent) < 10:
+                time.sleep(0.01)
+            started = time.monotonic()
+            batches, end = reader.read(begin)
+            took = time.monotonic() - started
+        assert len(values(batches)) >= 10
+        assert took < 0.3, took  # not even one busyGapMs: slow traffic is no burst
+
+        with sending_every_50_ms(producer, topic, lambda n: (f"fast{n}".encode(), n % 2), per=20) as sent:
+            while len(sent) < 200:
+                time.sleep(0.01)
+            started = time.monotonic()
+            batches, _ = reader.read(end)
+            took = time.monotonic() - started
+        assert 1.4 < took < 3, took  # the longest wait: the burst went on at 400 a second
+        assert len(values(batches)) > 400
+    finally:
+        producer.close(timeout=10)
+        reader.stop()
+
+
 def test_the_jobs_own_ticks_do_not_keep_a_read_going(broker):
     """Ticks are not traffic: with a tick every 50 ms, under ``busyGapMs``, a read that found a
     command still stops at the first gap without one, instead of deferring its batch, and the
@@ -256,8 +291,8 @@ def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
 
 def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_limit(broker):
     """As the job configures it by default (``source_options``), a reader that finds a burst of
-    30,000 commands returns all of them in one read: a limit of 20,000 started a fan-out's first
-    batch while its NOTIFYs were going out, on the cores they needed."""
+    30,000 commands under way returns all of them in one read: a limit of 20,000 started a fan-out's
+    first batch while its NOTIFYs were going out, on the cores they needed."""
     topic = new_topic(broker)
     config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic})
     _, options = source_options(config)
@@ -266,9 +301,14 @@ def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_
     try:
         begin = reader.initialOffset()
         producer.send(topic, value=b"0", partition=0).get(timeout=30)
-        sender = threading.Thread(target=lambda: [producer.send(topic, value=str(i).encode(), partition=i % 2)
+        sent = []
+        sender = threading.Thread(target=lambda: [sent.append(producer.send(topic, value=str(i).encode(),
+                                                                            partition=i % 2))
                                                   for i in range(1, 30000)])
         sender.start()
+        while len(sent) < 2000:  # under way: faster than busy_rate, which a lone first command is not
+            time.sleep(0.005)
+        sent[999].get(timeout=30)
         batches, end = reader.read(begin)
         sender.join(30)
         producer.flush(timeout=30)
