@@ -9,6 +9,7 @@ Where things live:
 * :mod:`~streaming.sink.query` — the routing transforms as one query, and its outputs.
 * :mod:`~streaming.sink.tables` — the Delta tables, open, and what each last committed;
   :mod:`~streaming.sink.reads` — the stored state a batch reads before routing;
+  :mod:`~streaming.sink.recent` — the messages expiring soon, kept from their commit;
   :mod:`~streaming.sink.commits` — the idempotent Delta commits.
 * :mod:`~streaming.sink.holders` — DELIVERY ONE's in-flight limit: who holds what.
 """

@@ -53,6 +53,7 @@ from streaming.sink.decoding import decode_records, events_by_kind, in_log_order
 from streaming.sink.holders import InFlightLimit
 from streaming.sink.query import OUTPUTS, PROGRESS, RECEIPTED, STORED, batch_sql
 from streaming.sink.reads import StoredReads
+from streaming.sink.recent import RecentMessages
 from streaming.sink.records import (
     acked_smuids,
     acks_its_own_receipt_publish,
@@ -132,6 +133,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
+        self.recent = RecentMessages()  # committed messages that expire soon (:meth:`stored_messages`)
         self._log_floors: dict[int, int] = {}  # per commands partition, its last record's time (:func:`in_log_order`)
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
         self.query_ms = {"plan": 0.0, "run": 0.0}
@@ -275,11 +277,16 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
             log.info("batch %d: already committed, skipped", batch_id)
             return
         records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
-        self.sweep_trash(batch_now(records))  # retention, here: the one thread that writes the trash table
-        if nothing_to_route(records) and not self.expiry_candidates(batch_now(records)).num_rows:
+        now = batch_now(records)
+        self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
+        self._route(batch_df, batch_id, records, now, started)
+        self._log_floors = floors
+
+    def _route(self, batch_df: DataFrame, batch_id: int, records: pa.Table, now: int | None, started: float) -> None:
+        """Route one batch (its ``records`` in log order, its clock ``now``), emit, commit, announce."""
+        if nothing_to_route(records) and not self.expiry_candidates(now).num_rows:
             # Nothing to route and nothing expires: no Spark job, no commit; just the progress.
             self._flush(self._announce_progress({str(r["partition"]): r["end"] for r in progress_rows(records)}))
-            self._log_floors = floors
             return
         routed_at = datetime.now(timezone.utc)
         out = self.outputs(batch_df, batch_id, routed_at, records)
@@ -287,7 +294,6 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         computed = time.monotonic()
         progress = out["progress"].to_pylist()
         if not progress:
-            self._log_floors = floors
             return
         futures = self._emit(_by_seq(out["deliver"])) + self._emit_acked(_by_seq(out["acked"]))
         if out["expired"].num_rows or subscribes(records):
@@ -302,7 +308,6 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         committed = time.monotonic()
         futures += self._announce_progress({str(r["partition"]): r["end"] for r in progress})
         self._flush(futures)
-        self._log_floors = floors
         done = time.monotonic()
         log.info("batch %d: %d records in, %d deliveries, %d acks, %d expired, %d trashed, %d receipts, "
                  "%d ms (spark %d, delta %d); routing query: plan %d ms, run %d ms",

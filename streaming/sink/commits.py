@@ -26,13 +26,14 @@ class DeltaCommits:
 
     A mixin of :class:`streaming.sink.command_sink.CommandSink`: it commits through
     :class:`~streaming.sink.tables.DeltaTables` and tells
-    :meth:`~streaming.sink.reads.StoredReads._note_removed` what it committed.
+    :meth:`~streaming.sink.reads.StoredReads._note_removed` and ``recent``
+    (:class:`~streaming.sink.recent.RecentMessages`) what it committed.
     """
 
     def commit_outputs(self, out: dict[str, pa.Table], batch_id: int) -> None:
         """Commit the Delta outputs of :meth:`outputs`, each table idempotently for ``batch_id``,
         ``subscriptions`` last (see :mod:`streaming.sink.command_sink`)."""
-        self._commit_messages(out["messages"], batch_id)
+        self.recent.keep(self._commit_messages(out["messages"], batch_id))
         self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
         deliveries = out["deliveries"]
         nobody = pc.equal(deliveries.column("account"), "")
@@ -44,11 +45,13 @@ class DeltaCommits:
         self._commit_subscriptions(out["subscriptions"], batch_id)
         self._note_removed(out)
 
-    def _commit_messages(self, arrow: pa.Table, batch_id: int) -> None:
+    def _commit_messages(self, arrow: pa.Table, batch_id: int) -> pa.Table:
+        """Append the batch's messages; returns them as the table holds them now."""
         rows = _to_table(arrow, "messages")
         if rows.num_rows and (table := self._uncommitted("messages", batch_id)) is not None:
             write_deltalake(table, rows, mode="append",
                             commit_properties=_commit(self.app_id("messages"), batch_id))
+        return rows
 
     def _commit_deliveries(self, arrow: pa.Table, batch_id: int, name: str = "deliveries") -> None:
         """Merge into ``deliveries`` (or ``unrouted``: the rows of account ``''``, same columns)."""

@@ -103,14 +103,21 @@ class StoredReads:
             columns=["smuid"], filters=[("smuid", "in", sorted(smuids))]).cast(schema)
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
-        """The stored ``messages`` rows (columns :data:`STORED_COLUMNS`) of ``smuids``."""
+        """The stored ``messages`` rows (columns :data:`STORED_COLUMNS`) of ``smuids``: those the job
+        committed lately and keeps (``recent``, :class:`~streaming.sink.recent.RecentMessages`), the
+        others read from the table."""
         schema = arrow_schema(STORED)
         if not smuids:
             return schema.empty_table()
+        kept = self.recent.take(smuids)
+        kept = schema.empty_table() if kept is None else kept.select(STORED_COLUMNS).cast(schema)
+        missing = sorted(set(smuids) - set(kept.column("smuid").to_pylist()))
+        if not missing:
+            return kept
         arrow = self._table("messages").to_pyarrow_table(
-            columns=STORED_COLUMNS, filters=[("smuid", ">=", min(smuids)), ("smuid", "<=", max(smuids))])
-        arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(smuids, pa.int64())))
-        return arrow.cast(schema)
+            columns=STORED_COLUMNS, filters=[("smuid", ">=", min(missing)), ("smuid", "<=", max(missing))])
+        arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(missing, pa.int64())))
+        return pa.concat_tables([kept, arrow.cast(schema)])
 
     def late_candidates(self, deliveries: DeltaTable, subscribed: list[tuple[str, str]],
                         now: int | None) -> tuple[pa.Table, pa.Table]:

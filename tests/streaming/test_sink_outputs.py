@@ -203,6 +203,31 @@ def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp
     assert delivered(again) == []
 
 
+def test_an_expiring_message_goes_to_the_trash_alike_from_the_jobs_memory_and_from_the_table(spark, tmp_path):
+    """The rows the sink keeps of the messages it committed (``streaming.sink.recent``) give the Trash
+    the row the ``messages`` table gives a restarted job, which keeps nothing yet."""
+    config = load_config(env={}, data_dir=str(tmp_path))
+    section = ev.Section([("Content-Type", "text/plain")], b"body")
+    warm = CommandSink(config)
+    run_batch(spark, warm, 0, [
+        ev.Subscribe("bob", "gb", "/t/x", US0),
+        ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, 2, [("Timeout", "00:00:00:02")], [section],
+                   expires_at=US0 + 2_000_000),
+        ev.Publish(2, "/t/x", "c2", "alice", "gp", US0 + 2),  # no Timeout: not kept
+    ])
+    assert len(warm.recent) == 1
+    later = spark.createDataFrame([(None, ev.Tick(US0 + 3_000_000).to_bytes(), "cmd", 0, 10, T0, 0)], KAFKA_RECORD)
+
+    from_memory = warm.outputs(later, 1, T0)
+    restarted = CommandSink(config)
+    assert restarted.recent.take([1]) is None
+    from_table = restarted.outputs(later, 1, T0)
+
+    assert from_memory["trash"].num_rows == 1
+    assert from_memory["trash"].to_pylist() == from_table["trash"].to_pylist()
+    assert withdrawn(from_memory) == withdrawn(from_table) == [("bob", 1, "expired")]
+
+
 def test_a_subscribe_with_since_clears_what_is_pending_before_it(spark, tmp_path):
     sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
     run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0),
