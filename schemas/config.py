@@ -155,6 +155,10 @@ class StreamingConfig:
     tick_interval_s: float = 1.0  # a Tick to commands partition 0 this often (expiry with no traffic); 0 = off
     trash_retention: str = "07:00:00:00"  # how long the Trash keeps a message (spec timeout format); INFINITE = forever
     trash_sweep_interval_s: float = 3600.0  # the Trash is emptied at most this often, by the job's clock; 0 = every batch
+    # the job's tables are compacted this often (by its clock, between batches): each batch writes a
+    # small file to each, and every read and merge looks at every file; 0 = never
+    compact_interval_s: float = 300.0
+    compact_target_mb: int = 16  # files smaller than this are packed together, up to this size
     # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
     # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
     source: str = "python"

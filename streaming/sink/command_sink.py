@@ -45,6 +45,7 @@ from schemas.events import Acked, AckedBatch, Unsubscribe
 from schemas.queue_params import TopicSettings
 from schemas.spark import arrow_schema
 from streaming import simple_batch
+from streaming.compaction import TableCompactor
 from streaming.retention import TrashSweeper
 from streaming.routing.frames import CLEARABLE, EVENTS, HELD, KAFKA_OUT, ORPHANED, PENDING, RECEIPT_STATE, RETRYING
 from streaming.routing.sql import empty_sql, run_sql
@@ -128,6 +129,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self.query_name = config.streaming.query_name
         self._producer = None
         self.sweep_trash = TrashSweeper(config)
+        self.compact = TableCompactor(config, lambda name: self._table(name) if self._exists(name) else None)
         self.topic_settings = TopicSettings(config.topics)
         # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
         self._waiting: bool | None = None
@@ -281,6 +283,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
         self._route(batch_df, batch_id, records, now, started)
         self._log_floors = floors
+        self.compact(now)  # here for the same reason, once the batch's records are out
 
     def _route(self, batch_df: DataFrame, batch_id: int, records: pa.Table, now: int | None, started: float) -> None:
         """Route one batch (its ``records`` in log order, its clock ``now``), emit, commit, announce."""

@@ -1,0 +1,79 @@
+"""Compacting the job's Delta tables: the small files its micro-batches write, joined into few.
+
+Why: each batch appends a file to ``messages`` and its merges write new files into ``deliveries``,
+``unrouted`` and ``trash``: some 3,600 files an hour per table at a batch a second.  Every read and
+merge of a batch looks at every file (delta-rs makes a fragment of each and checks its statistics),
+so without compaction a batch grows slower the longer the job runs.
+
+:class:`TableCompactor` compacts them every ``streaming.compact_interval_s`` of the batches' clock.
+Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
+is the one writer of these tables, and a compaction beside one of its merges would conflict with it.
+delta-rs' ``optimize.compact`` packs the files smaller than ``compact_target_mb`` into bins of up to
+that size, in their order (so the SMUID ranges reads prune by stay narrow), and rewrites each bin
+that holds two files or more as one.  A compacted file is packed again with the new small ones until
+it reaches the target, so one compaction rewrites at most about that much of a table.  The files it
+replaced stay readable through time travel until the table is vacuumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from schemas.config import SMQPConfig
+
+log = logging.getLogger(__name__)
+
+#: The tables the job's sink writes, and so compacts (``metrics`` has a writer of its own).
+SINK_TABLES = ("messages", "deliveries", "unrouted", "trash", "receipts", "subscriptions")
+
+
+class TableCompactor:
+    """``compactor(now)``: compact the sink's tables when ``streaming.compact_interval_s`` of the
+    batches' clock ``now`` (µs; None: a batch without a clock, skipped) has passed since the last
+    time; returns the files each compacted table lost.  ``table(name)``: the table, open and up to
+    date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when it does
+    not exist yet.
+
+    A compaction that fails (the disk, a writer it conflicts with) is logged and tried again an
+    interval later: small files only slow the job down, they must never stop it.
+    """
+
+    def __init__(self, config: SMQPConfig, table: Callable[[str], DeltaTable | None]):
+        self.interval = int(config.streaming.compact_interval_s * 1_000_000)
+        self.target_bytes = config.streaming.compact_target_mb << 20
+        self.table = table
+        self.last: int | None = None  # the clock of the last compaction (or of the first batch)
+
+    def due(self, now: int | None) -> bool:
+        """An interval has passed at ``now`` since the last compaction, or since the first batch seen."""
+        if self.interval <= 0 or now is None:
+            return False
+        if self.last is None:
+            self.last = now
+        return now - self.last >= self.interval
+
+    def __call__(self, now: int | None) -> dict[str, int]:
+        if not self.due(now):
+            return {}
+        self.last = now
+        removed = {}
+        for name in SINK_TABLES:
+            started = time.monotonic()
+            try:
+                table = self.table(name)
+                if table is None:
+                    continue
+                metrics = table.optimize.compact(target_size=self.target_bytes)
+            except (DeltaError, OSError):
+                log.exception("compaction of %s failed; next try in %d s", name, self.interval // 1_000_000)
+                continue
+            if metrics["numFilesRemoved"]:
+                removed[name] = metrics["numFilesRemoved"]
+                log.info("compacted %s: %d files into %d in %d ms", name, metrics["numFilesRemoved"],
+                         metrics["numFilesAdded"], (time.monotonic() - started) * 1000)
+        return removed

@@ -1,0 +1,55 @@
+"""The job compacts its Delta tables between batches (streaming.compaction), losing nothing."""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+
+from schemas import events as ev
+from schemas.config import load_config
+from streaming.sink import CommandSink
+from tests.streaming.test_sink_outputs import US0, run_batch
+
+S = 1_000_000
+
+
+def files(sink, name) -> int:
+    return len(DeltaTable(sink.config.table_path(name)).file_uris())
+
+
+def rows(sink, name) -> list[dict]:
+    return sorted(DeltaTable(sink.config.table_path(name)).to_pyarrow_table().to_pylist(),
+                  key=lambda row: (row["smuid"], row.get("account") or ""))
+
+
+def test_compaction_every_interval_keeps_every_row_and_what_each_table_last_committed(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path), streaming={"compact_interval_s": 60}))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0)])
+    for batch in range(1, 5):
+        run_batch(spark, sink, batch, [ev.Publish(batch, "/t/x", f"c{batch}", "alice", "gp", US0 + batch)],
+                  offset=10 * batch)
+    before = {name: rows(sink, name) for name in ("messages", "deliveries")}
+    assert files(sink, "messages") == 4 and files(sink, "deliveries") == 4
+
+    assert sink.compact(US0) == {}  # the first batch it sees starts its clock
+    assert sink.compact(US0 + 59 * S) == {}
+    assert sink.compact(US0 + 60 * S) == {"messages": 4, "deliveries": 4}
+    assert sink.compact(US0 + 61 * S) == {}  # an interval from the last one
+
+    assert files(sink, "messages") == 1 and files(sink, "deliveries") == 1
+    assert {name: rows(sink, name) for name in before} == before
+    assert sink.committed_version("messages") == 4 and sink.committed_version("deliveries") == 4
+    # the next batch merges into the compacted file, and a replay of the last one still writes nothing
+    run_batch(spark, sink, 5, [ev.Ack("bob", "gb", 2, US0 + 70 * S)], offset=60)
+    assert [(r["smuid"], r["status"]) for r in rows(sink, "deliveries")] == [
+        (1, "pending"), (2, "acked"), (3, "pending"), (4, "pending")]
+    run_batch(spark, sink, 4, [ev.Publish(4, "/t/x", "c4", "alice", "gp", US0 + 4)], offset=40)
+    assert len(rows(sink, "messages")) == 4
+
+
+def test_no_compaction_when_its_interval_is_0(spark, tmp_path):
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path), streaming={"compact_interval_s": 0}))
+    for batch in range(2):
+        run_batch(spark, sink, batch, [ev.Publish(batch, "/t/x", f"c{batch}", "alice", "gp", US0 + batch)],
+                  offset=10 * batch)
+    assert sink.compact(US0) == {} and sink.compact(US0 + 3600 * S) == {}
+    assert files(sink, "messages") == 2
