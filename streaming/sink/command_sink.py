@@ -280,7 +280,8 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
             return
         records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
         now = batch_now(records)
-        self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
+        if self.sweep_trash(now):  # retention, here: the one thread that writes the trash table
+            self._refresh("trash")
         self._route(batch_df, batch_id, records, now, started)
         self._log_floors = floors
         self.compact(now)  # here for the same reason, once the batch's records are out

@@ -202,12 +202,13 @@ def test_a_job_that_dies_between_its_kafka_emission_and_its_delta_commit_replays
     assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
     monkeypatch.undo()
 
-    run_available_now(spark, config, CommandSink(config))
+    restarted = CommandSink(config)  # a new job process: the dead one's sink is gone with it
+    run_available_now(spark, config, restarted)
     assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
     assert sorted((d["account"], d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
         ("bob", s, "acked" if s == 3 else "pending") for s in range(1, 6)]
     assert [(s["account"], s["pattern"]) for s in table(config, "subscriptions")] == [("bob", "/t/*")]
-    assert {name: sink.committed_version(name) for name in ("messages", "deliveries", "subscriptions")} == {
+    assert {name: restarted.committed_version(name) for name in ("messages", "deliveries", "subscriptions")} == {
         "messages": 0, "deliveries": 0, "subscriptions": 0}  # one batch, replayed under its own id
 
 
