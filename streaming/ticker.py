@@ -28,8 +28,9 @@ from schemas.events import Tick
 log = logging.getLogger(__name__)
 
 
-#: Alarms are rounded up to this step (µs): at most ten alarm ticks a second, however many expiries.
-ALARM_STEP_US = 100_000
+#: Alarms are rounded up to this step (µs): at most fifty alarm ticks a second, however many expiries
+#: (a step of 100 ms put up to 100 ms on a message's way to the Trash).
+ALARM_STEP_US = 20_000
 
 #: Expiries further ahead than this (µs) set no alarm: a regular tick's second of lateness is small
 #: beside such a timeout, and the alarms a busy job keeps stay few.

@@ -7,7 +7,7 @@ Per batch, :class:`CommandSink` runs the pure transforms of
    ``smqp.deliveries`` (key = subscriber account) — sent asynchronously,
    before the Delta commit, for latency; a replayed batch re-emits and
    gateways deduplicate by (account, smuid);
-2. **commits** ``messages`` (append), ``deliveries`` (merge on account, smuid)
+2. **commits** ``trash`` (merge), ``messages`` (append), ``deliveries`` (merge on account, smuid)
    and finally ``subscriptions`` (merge on account, pattern) with delta-rs.
    Every commit carries the Delta app transaction ``(f"{query}:{table}",
    batch_id)`` and a table whose recorded version is already ≥ ``batch_id``

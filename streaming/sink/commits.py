@@ -33,8 +33,11 @@ class DeltaCommits:
     def commit_outputs(self, out: dict[str, pa.Table], batch_id: int) -> None:
         """Commit the Delta outputs of :meth:`outputs`, each table idempotently for ``batch_id``,
         ``subscriptions`` last (see :mod:`streaming.sink.command_sink`)."""
+        # the Trash first: it is what an expiry waits to show (LIST <topic>/Trash), and it goes before
+        # deliveries so that a replay still sees what expired.  A message that dies in the batch it
+        # came in is listed there a commit before its ``messages`` row is in (its GUID blank till then)
+        self._commit_trash(out["trash"], batch_id)
         self.recent.keep(self._commit_messages(out["messages"], batch_id))
-        self._commit_trash(out["trash"], batch_id)  # before deliveries: a replay still sees what expired
         deliveries = out["deliveries"]
         nobody = pc.equal(deliveries.column("account"), "")
         self._commit_deliveries(deliveries.filter(pc.invert(nobody)), batch_id)
