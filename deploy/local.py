@@ -93,6 +93,43 @@ def job_has_routed(config: SMQPConfig, before: int) -> bool:
         return False
 
 
+#: How many ports a launch tries for a dashboard whose port it chose itself.
+DASHBOARD_PORT_TRIES = 3
+
+
+def _launch_dashboard(env: dict, preexec_fn, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "deploy.dashboard"], env=dict(env, SMQP_DASHBOARD_PORT=str(port)),
+                            start_new_session=True, preexec_fn=preexec_fn)
+
+
+def start_dashboard(launch, host: str, port: int, chosen: bool,
+                    tries: int = DASHBOARD_PORT_TRIES) -> tuple[subprocess.Popen, int]:
+    """The dashboard ``launch(port)`` started, and the port it listens on.  A port this launch
+    ``chosen`` itself was free when chosen, but another process may bind it first (the JVMs starting
+    beside it take ephemeral ports too): then the dashboard exits at once, and it is started again on
+    another free port, ``tries`` ports in all.  A configured port is never changed."""
+    dashboard = launch(port)
+    for _ in range(tries - 1):
+        if not chosen or _dashboard_listens(dashboard, host, port):
+            break
+        port = free_port()
+        dashboard = launch(port)
+    else:
+        _dashboard_listens(dashboard, host, port)
+    return dashboard, port
+
+
+def _dashboard_listens(dashboard: subprocess.Popen, host: str, port: int) -> bool:
+    """Whether ``dashboard`` runs with its port open (waiting up to 30 s for it); a dashboard that
+    found its port taken has exited by then."""
+    try:
+        wait_for_port(host, port, timeout=30)
+        time.sleep(0.2)  # a dashboard that lost its port to another process exits at once
+    except TimeoutError:
+        pass
+    return dashboard.poll() is None
+
+
 def banner_text(config: SMQPConfig, broker: KafkaBroker, dashboard_url: str, gateway_status: str,
                 waited_s: float) -> str:
     """Where everything is, printed once the job routes."""
@@ -208,18 +245,14 @@ def main(argv: list[str] | None = None) -> int:
                  for name, module in child_modules(config)}
         for name, launch in start.items():
             children.append((name, launch()))
-        dashboard_env = dict(env, SMQP_DASHBOARD_PORT=str(dashboard_port))
+        dashboard_env = dict(env)
         if not config.dashboard.gateways:
             dashboard_env["SMQP_DASHBOARD_GATEWAYS"] = gateway_status
-        dashboard = subprocess.Popen([sys.executable, "-m", "deploy.dashboard"], env=dashboard_env,
-                                     start_new_session=True, preexec_fn=die_with_me)
+        dashboard, dashboard_port = start_dashboard(
+            functools.partial(_launch_dashboard, dashboard_env, die_with_me), config.dashboard.host, dashboard_port,
+            chosen=not config.dashboard.port)
         wait_for_port(config.gateway.host, config.gateway.port, timeout=90)
         dashboard_url = f"http://{config.dashboard.host}:{dashboard_port}/"
-        try:
-            wait_for_port(config.dashboard.host, dashboard_port, timeout=30)
-            time.sleep(0.2)  # a dashboard that lost its port to another process exits at once
-        except TimeoutError:
-            pass
         if dashboard.poll() is not None:
             dashboard_url = "not running (see its error above)"
         print("waiting for the streaming job's first micro-batch (Spark starts cold: up to a minute or two) ...",
