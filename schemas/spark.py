@@ -153,6 +153,12 @@ TRASH_TABLE = _struct(
     ("sections", ArrayType(SECTION_JSON)),
     ("batch_id", LongType()),
     ("account", StringType()),  # max_retries: the subscriber that never acknowledged it; else ''
+    # what else LIST and GET MESSAGE show of it, copied from its ``messages`` row so that reading a
+    # Trash needs no read of that table (null in rows written before: read from there)
+    ("publisher_guid", StringType()),
+    ("priority", IntegerType()),
+    ("accepted_at", TimestampType()),
+    *FEDERATION,
 )
 
 #: Delta table ``receipts``: one row per message whose RECEIPT (ONE / ALL) was answered.

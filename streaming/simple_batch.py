@@ -216,7 +216,12 @@ def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: p
                 "smuid": smuid, "topic": message["topic"], "trash_topic": message["topic"] + "/Trash",
                 "reason": "undeliverable" if not any(accounts) else "expired", "trashed_at": now,
                 "publisher": message["publisher"], "cmuid": message["cmuid"], "headers": message["headers"],
-                "sections": message["sections"], "batch_id": batch_id, "account": ""})
+                "sections": message["sections"], "batch_id": batch_id, "account": "",
+                **{name: message[name] for name in _TRASH_FROM_MESSAGE}})
+
+
+#: The columns a ``trash`` row copies from its message's row, as they are (:func:`streaming.routing.expiry.trash_sql`).
+_TRASH_FROM_MESSAGE = ("publisher_guid", "priority", "accepted_at", "depth", "hops", "origin", "origin_topic")
 
 
 def _message_row(publish: dict, batch_id: int) -> dict:

@@ -100,7 +100,8 @@ def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:
     """SQL of :func:`trash` over the relations ``dead`` and ``messages``."""
     return f"""SELECT m.smuid, m.topic, concat(m.topic, '/Trash') AS trash_topic, d.reason,
        {_trashed_at(now)} AS trashed_at, m.publisher, m.cmuid, m.headers, m.sections,
-       {sql_literal(batch_id)} AS batch_id, d.account
+       {sql_literal(batch_id)} AS batch_id, d.account, m.publisher_guid, m.priority, m.accepted_at,
+       m.depth, m.hops, m.origin, m.origin_topic
 FROM {dead} d JOIN {first_per("smuid", "batch_id", messages)} m ON d.smuid = m.smuid"""
 
 

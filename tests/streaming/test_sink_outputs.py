@@ -224,6 +224,9 @@ def test_an_expiring_message_goes_to_the_trash_alike_from_the_jobs_memory_and_fr
     from_table = restarted.outputs(later, 1, T0)
 
     assert from_memory["trash"].num_rows == 1
+    (trashed,) = from_memory["trash"].to_pylist()  # with what LIST …/Trash shows, copied from the message
+    assert (trashed["publisher_guid"], trashed["priority"], trashed["accepted_at"]) == (
+        "gp", 2, T0 + timedelta(microseconds=1))
     assert from_memory["trash"].to_pylist() == from_table["trash"].to_pylist()
     assert withdrawn(from_memory) == withdrawn(from_table) == [("bob", 1, "expired")]
 

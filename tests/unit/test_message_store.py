@@ -148,6 +148,23 @@ def test_a_trash_path_reads_that_topics_trash_completed_from_its_messages_rows(t
     assert [(m.smuid, m.trash_reason) for m in store(tmp_path).messages("/t")] == [(10, None), (20, None), (30, None)]
 
 
+def test_a_trash_row_the_job_copied_its_message_into_is_shown_without_reading_messages(tmp_path):
+    """The job copies a message's GUID, priority, acceptance time and route into its ``trash`` row,
+    so its Trash shows them with no ``messages`` row to read; an older row without them is still
+    completed from ``messages``."""
+    copied = {**trash_row(10, "/t"), "publisher_guid": "g9", "priority": 4, "accepted_at": row(10, "/t",
+              accepted_at=ACCEPTED + 7)["accepted_at"], "depth": 2, "hops": ["b.example"],
+              "origin": "b.example/7", "origin_topic": "b.example/t"}
+    trash(tmp_path / "trash", copied, trash_row(20, "/t"))
+    append(tmp_path / "messages", row(20, "/t", priority=3))  # the older row's message only
+
+    got = store(tmp_path).messages("/t/Trash")
+
+    assert [(m.smuid, m.publisher_guid, m.priority, m.accepted_at, m.depth, m.hops, m.origin, m.origin_topic)
+            for m in got] == [(10, "g9", 4, ACCEPTED + 7, 2, ("b.example",), "b.example/7", "b.example/t"),
+                              (20, "g1", 3, ACCEPTED, 0, (), None, None)]
+
+
 def test_an_empty_or_missing_trash_reads_as_empty(tmp_path):
     messages = store(tmp_path)
     assert messages.messages("/t/Trash") == []  # neither table yet
