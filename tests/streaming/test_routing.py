@@ -612,7 +612,8 @@ def test_a_message_with_no_subscriber_is_kept_unrouted_then_trashed_at_expiry(fr
 
     messages = routing.message_rows(frames.events(*publishes), 5)
     expected = frames.of(schemas_spark.TRASH_TABLE,
-                         (2, "/u", "/u/Trash", "undeliverable", ts(10), "alice", "c2", [], [], 5, ""))
+                         (2, "/u", "/u/Trash", "undeliverable", ts(10), "alice", "c2", [], [], 5, "",
+                          "g", 0, ts(2), 0, [], None, None))  # and what it copies from its message
     assert_df_equality(routing.trash(dead(frames, expiring), messages, NOW, 5), expected, ignore_nullable=True)
 
     # a later batch: its clock passes the first message's expiry, read back from the stored rows
