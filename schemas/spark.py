@@ -140,6 +140,9 @@ DELIVERIES_TABLE = _struct(
     ("delivery", StringType()),  # the message's delivery mode: "one" deliveries are reassigned when NACKed
 )
 
+#: The ``trash`` columns copied from the message's ``messages`` row, as they are there.
+TRASH_FROM_MESSAGE = ("publisher_guid", "priority", "accepted_at", *(name for name, _ in FEDERATION))
+
 #: Delta table ``trash``: every dead message, once, with why and when (``trash_topic`` = ``<topic>/Trash``).
 TRASH_TABLE = _struct(
     ("smuid", LongType()),
@@ -155,10 +158,7 @@ TRASH_TABLE = _struct(
     ("account", StringType()),  # max_retries: the subscriber that never acknowledged it; else ''
     # what else LIST and GET MESSAGE show of it, copied from its ``messages`` row so that reading a
     # Trash needs no read of that table (null in rows written before: read from there)
-    ("publisher_guid", StringType()),
-    ("priority", IntegerType()),
-    ("accepted_at", TimestampType()),
-    *FEDERATION,
+    *((name, MESSAGES_TABLE[name].dataType) for name in TRASH_FROM_MESSAGE),
 )
 
 #: Delta table ``receipts``: one row per message whose RECEIPT (ONE / ALL) was answered.

@@ -28,6 +28,7 @@ from typing import Mapping
 import pyarrow as pa
 
 from schemas.events import Acked
+from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
 
 #: Everything :func:`route` decides, each as the routing query's output of that name.
@@ -217,11 +218,7 @@ def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: p
                 "reason": "undeliverable" if not any(accounts) else "expired", "trashed_at": now,
                 "publisher": message["publisher"], "cmuid": message["cmuid"], "headers": message["headers"],
                 "sections": message["sections"], "batch_id": batch_id, "account": "",
-                **{name: message[name] for name in _TRASH_FROM_MESSAGE}})
-
-
-#: The columns a ``trash`` row copies from its message's row, as they are (:func:`streaming.routing.expiry.trash_sql`).
-_TRASH_FROM_MESSAGE = ("publisher_guid", "priority", "accepted_at", "depth", "hops", "origin", "origin_topic")
+                **{name: message[name] for name in TRASH_FROM_MESSAGE}})
 
 
 def _message_row(publish: dict, batch_id: int) -> dict:

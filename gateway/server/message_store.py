@@ -55,7 +55,8 @@ TRASH_COLUMNS = ["smuid", "cmuid", "publisher", "headers", "sections", "reason",
 ORIGIN_COLUMNS = ["smuid", "publisher_guid", "priority", "accepted_at"]
 #: A forwarded message's route (issue 33), read when the table has these columns (older ones do not).
 FEDERATION_COLUMNS = ["depth", "hops", "origin", "origin_topic"]
-#: The columns of a ``trash`` row copied from its ``messages`` row.
+#: The columns of a ``trash`` row copied from its ``messages`` row (``schemas.spark.TRASH_FROM_MESSAGE``,
+#: named here because the gateway does not import pyspark; ``tests/unit/test_message_store.py`` checks they agree).
 COPIED_TO_TRASH = [*ORIGIN_COLUMNS[1:], *FEDERATION_COLUMNS]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
+from schemas.spark import TRASH_FROM_MESSAGE
+
 from streaming.routing.commands import unguaranteed_sql
 from streaming.routing.frames import ORPHANED
 from streaming.routing.sql import empty_sql, first_per, is_expired_sql, run_sql, sql_literal
@@ -100,8 +102,7 @@ def trash_sql(dead: str, messages: str, now: int | None, batch_id: int) -> str:
     """SQL of :func:`trash` over the relations ``dead`` and ``messages``."""
     return f"""SELECT m.smuid, m.topic, concat(m.topic, '/Trash') AS trash_topic, d.reason,
        {_trashed_at(now)} AS trashed_at, m.publisher, m.cmuid, m.headers, m.sections,
-       {sql_literal(batch_id)} AS batch_id, d.account, m.publisher_guid, m.priority, m.accepted_at,
-       m.depth, m.hops, m.origin, m.origin_topic
+       {sql_literal(batch_id)} AS batch_id, d.account, {", ".join(f"m.{name}" for name in TRASH_FROM_MESSAGE)}
 FROM {dead} d JOIN {first_per("smuid", "batch_id", messages)} m ON d.smuid = m.smuid"""
 
 

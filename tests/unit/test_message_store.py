@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from gateway.server.message_store import MessageStore, StoredMessage
+from gateway.server.message_store import COPIED_TO_TRASH, MessageStore, StoredMessage
 from schemas.events import Deliver, Section
-from schemas.spark import MESSAGES_TABLE, TRASH_TABLE, arrow_schema
+from schemas.spark import MESSAGES_TABLE, TRASH_FROM_MESSAGE, TRASH_TABLE, arrow_schema
 
 BINARY = b"\x00\xff line one\r\n.\r\nafter the dot\r\n"
 ACCEPTED = 1_700_000_000_123_456  # microseconds, not a whole millisecond
@@ -163,6 +163,10 @@ def test_a_trash_row_the_job_copied_its_message_into_is_shown_without_reading_me
     assert [(m.smuid, m.publisher_guid, m.priority, m.accepted_at, m.depth, m.hops, m.origin, m.origin_topic)
             for m in got] == [(10, "g9", 4, ACCEPTED + 7, 2, ("b.example",), "b.example/7", "b.example/t"),
                               (20, "g1", 3, ACCEPTED, 0, (), None, None)]
+
+
+def test_the_gateway_reads_the_columns_the_job_copies_into_a_trash_row():
+    assert COPIED_TO_TRASH == list(TRASH_FROM_MESSAGE)
 
 
 def test_an_empty_or_missing_trash_reads_as_empty(tmp_path):
