@@ -9,7 +9,7 @@ commits nothing when there are none).  Deleted rows stay readable through
 time travel (``smqp-sql --as-of``) until the table is vacuumed.
 
 The sweep runs inside the streaming job's own foreachBatch thread, between
-two batches' commits (:class:`streaming.sink.CommandSink` calls a
+two batches' commits, on the sink's open ``trash`` table (:class:`streaming.sink.CommandSink` calls a
 :class:`TrashSweeper` with each batch's clock): the sink merges into
 ``trash`` every batch, and a second writer would race those merges.  Its
 clock is the batch's *now* (:func:`streaming.sink.records.batch_now`), never the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
+from typing import Callable
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -31,14 +32,17 @@ log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def delete_trashed_before(path: str, cutoff: int) -> int:
-    """Delete the rows of the ``trash`` table at ``path`` trashed before ``cutoff`` (microseconds
-    since the epoch, UTC); return how many were removed (0, and no commit, when none was)."""
-    if not DeltaTable.is_deltatable(path):
+def delete_trashed_before(table: DeltaTable | str | None, cutoff: int) -> int:
+    """Delete the rows of the ``trash`` table (open, or at a path; None or no table there: nothing)
+    trashed before ``cutoff`` (microseconds since the epoch, UTC); return how many were removed (0,
+    and no commit, when none was)."""
+    if isinstance(table, str):
+        table = DeltaTable(table) if DeltaTable.is_deltatable(table) else None
+    if table is None:
         return 0
     # Typed as the column is (UTC microseconds): delta-rs refuses to compare it with a zone-less timestamp.
     predicate = f"trashed_at < arrow_cast({int(cutoff)}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
-    return int(DeltaTable(path).delete(predicate)["num_deleted_rows"])
+    return int(table.delete(predicate)["num_deleted_rows"])
 
 
 def retention_micros(text: str) -> int | None:
@@ -59,8 +63,10 @@ class TrashSweeper:
     later: keeping old Trash a little longer must never stop the routing.
     """
 
-    def __init__(self, config: SMQPConfig):
+    def __init__(self, config: SMQPConfig, table: Callable[[], DeltaTable | None] | None = None):
         self.path = config.table_path("trash")
+        # the sink's own open table, which the delete then moves along (by default the table at the path)
+        self.table: Callable[[], DeltaTable | str | None] = table or (lambda: self.path)
         self.retention = retention_micros(config.streaming.trash_retention)
         self.interval = int(config.streaming.trash_sweep_interval_s * 1_000_000)
         self.last: int | None = None  # the clock of the last sweep
@@ -76,7 +82,7 @@ class TrashSweeper:
         self.last = now
         cutoff = now - self.retention
         try:
-            removed = delete_trashed_before(self.path, cutoff)
+            removed = delete_trashed_before(self.table(), cutoff)
         except (DeltaError, OSError):
             log.exception("trash retention: sweep failed; next try in %d s", self.interval // 1_000_000)
             return 0

@@ -128,8 +128,8 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self.config = config
         self.query_name = config.streaming.query_name
         self._producer = None
-        self.sweep_trash = TrashSweeper(config)
-        self.compact = TableCompactor(config, lambda name: self._table(name) if self._exists(name) else None)
+        self.sweep_trash = TrashSweeper(config, lambda: self._existing("trash"))
+        self.compact = TableCompactor(config, self._existing)
         self.topic_settings = TopicSettings(config.topics)
         # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
         self._waiting: bool | None = None
@@ -280,8 +280,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
             return
         records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
         now = batch_now(records)
-        if self.sweep_trash(now):  # retention, here: the one thread that writes the trash table
-            self._refresh("trash")
+        self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
         self._route(batch_df, batch_id, records, now, started)
         self._log_floors = floors
         self.compact(now)  # here for the same reason, once the batch's records are out

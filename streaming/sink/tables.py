@@ -42,18 +42,17 @@ class DeltaTables:
         open 39 ms against 8).  Nor is it brought up to date before each use: the sink is these
         tables' one writer, and delta-rs moves an open table to the version each of its own commits
         made.  Asking the log for newer commits anyway cost ~5 ms a use, ~70 ms a batch at 1,000 msg/s
-        (py-spy).  A writer outside the sink's tables (the Trash sweep) calls :meth:`_refresh`; a
-        commit of the sink's on a table another process changed still lands, on top of that change,
-        as Delta's optimistic concurrency resolves it."""
+        (py-spy).  So the job's other writers of these tables (the Trash sweep, the compaction) write
+        through them too (:meth:`_existing`); a commit of the sink's on a table another process
+        changed still lands, on top of that change, as Delta's optimistic concurrency resolves it."""
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = self._open(name)
         return table
 
-    def _refresh(self, name: str) -> None:
-        """Bring the open table ``name`` up to date after a commit made without it."""
-        if name in self._tables:
-            self._tables[name].update_incremental()
+    def _existing(self, name: str) -> DeltaTable | None:
+        """Table ``name`` open (:meth:`_table`), or None while it does not exist."""
+        return self._table(name) if self._exists(name) else None
 
     def _open(self, name: str) -> DeltaTable:
         """Table ``name``, created when missing (with :data:`TABLE_PROPERTIES`), and given any column
