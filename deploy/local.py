@@ -108,15 +108,11 @@ def start_dashboard(launch, host: str, port: int, chosen: bool,
     ``chosen`` itself was free when chosen, but another process may bind it first (the JVMs starting
     beside it take ephemeral ports too): then the dashboard exits at once, and it is started again on
     another free port, ``tries`` ports in all.  A configured port is never changed."""
-    dashboard = launch(port)
-    for _ in range(tries - 1):
-        if not chosen or _dashboard_listens(dashboard, host, port):
-            break
-        port = free_port()
+    for attempt in range(1, tries + 1):
         dashboard = launch(port)
-    else:
-        _dashboard_listens(dashboard, host, port)
-    return dashboard, port
+        if not chosen or _dashboard_listens(dashboard, host, port) or attempt == tries:
+            return dashboard, port
+        port = free_port()
 
 
 def _dashboard_listens(dashboard: subprocess.Popen, host: str, port: int) -> bool:
