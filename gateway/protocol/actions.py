@@ -85,12 +85,15 @@ class ReadMessages:
     """Load the stored messages of ``topics`` (off the event loop), then carry out
     ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count).
     ``now`` (microseconds, the session's clock): only the messages live then, neither expired nor
-    trashed (spec 2.4); a Trash path reads the dead ones whatever it says; None: every message."""
+    trashed (spec 2.4); a Trash path reads the dead ones whatever it says; None: every message.
+    ``span``: (first, last), when only the messages of SMUIDs between them are wanted (GET MESSAGE
+    of given SMUIDs), so the read skips the stored files that hold none."""
 
     topics: tuple[str, ...]
     render: Callable[[list], "list[Action]"]
     smuids_only: bool = False
     now: int | None = None
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from typing import Callable
+from dataclasses import dataclass
 
 from gateway.replies import BAD_REQUEST, MAX_QUANTITIES_EXCEEDED, Reply, TOPIC_TOO_LONG
 from gateway.scram import ScramError
@@ -52,10 +52,28 @@ def valid_account(name: str) -> bool:
     return "/" not in name
 
 
-def parse_ranges(text: str) -> Callable[[int], bool] | None:
-    """``*``, ``1865``, ``1845-1890,1905`` → a membership test; None if malformed."""
+@dataclass(frozen=True)
+class SmuidRanges:
+    """The SMUIDs a GET MESSAGE asks for: a membership test, and their span, which lets a read skip
+    the stored files that hold none of them."""
+
+    bounds: tuple[tuple[int, int], ...] = ()  # (first, last) each; none: every SMUID (``*``)
+
+    def __call__(self, smuid: int) -> bool:
+        return not self.bounds or any(low <= smuid <= high for low, high in self.bounds)
+
+    @property
+    def span(self) -> tuple[int, int] | None:
+        """The lowest and the highest SMUID asked for; None: any."""
+        if not self.bounds:
+            return None
+        return min(low for low, _ in self.bounds), max(high for _, high in self.bounds)
+
+
+def parse_ranges(text: str) -> SmuidRanges | None:
+    """``*``, ``1865``, ``1845-1890,1905`` → the SMUIDs they name; None if malformed."""
     if text == "*":
-        return lambda smuid: True
+        return SmuidRanges()
     bounds: list[tuple[int, int]] = []
     for part in text.split(","):
         first, dash, last = part.partition("-")
@@ -65,7 +83,7 @@ def parse_ranges(text: str) -> Callable[[int], bool] | None:
         if high < low:
             return None
         bounds.append((low, high))
-    return lambda smuid: any(low <= smuid <= high for low, high in bounds)
+    return SmuidRanges(tuple(bounds))
 
 
 def parse_keywords(text: str) -> list[str] | None:

@@ -137,7 +137,7 @@ class ReadingVerbs:
         def decide() -> list[Action] | None:
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages(self._message_topics([topic]), render, now=self._now())]
+            return [ReadMessages(self._message_topics([topic]), render, now=self._now(), span=wanted.span)]
         return self._consult(decide, topic)
 
     # CREATE, REMOVE, SET: control

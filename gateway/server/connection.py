@@ -216,8 +216,13 @@ class Connection(Notifying):
         return answer
 
     async def _read_messages(self, action: ReadMessages) -> list:
-        read = self.gateway.messages.smuids if action.smuids_only else self.gateway.messages.messages
-        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t, action.now)])
+        store = self.gateway.messages
+
+        def read(topic: str) -> list:
+            if action.smuids_only:
+                return store.smuids(topic, action.now)
+            return store.messages(topic, action.now, action.span)
+        found = await asyncio.to_thread(lambda: [m for t in action.topics for m in read(t)])
         return action.render(found)
 
     async def _connect_notify(self, action: ConnectNotify) -> list:

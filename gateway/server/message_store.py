@@ -12,14 +12,17 @@ shot" of messages that "MAY change in the next fraction of a second".
 The table is read with delta-rs (no Spark in the gateway).  The
 :class:`~deltalake.DeltaTable` is opened once and brought up to date
 incrementally on each later read, so a read costs the new log entries plus
-the topic's rows.  Calls block on file I/O: run them in a thread
-(``asyncio.to_thread``), never on the event loop.
+the files it reads: every file for a whole topic (each batch's file holds
+every topic published in it), and for a GET MESSAGE of given SMUIDs only the
+files whose SMUID range, as the Delta log records it, may hold them.  Calls
+block on file I/O: run them in a thread (``asyncio.to_thread``), never on
+the event loop.
 
 Each topic's Trash (spec 2.2.1, ``<topic>/Trash``) is the job's ``trash``
 table: the messages that died unacknowledged, with why (``reason``) and
 when (``trashed_at``).  :meth:`MessageStore.messages` reads it for a Trash
-path; it holds the message's body but not its publisher GUID, priority or
-acceptance time, which come from the message's ``messages`` row.
+path; the job copies into it what LIST and GET show of the message (rows
+written before it did are completed from the message's ``messages`` row).
 
 Read at a moment ``now`` (spec 2.4: subscribers must not even know an expired
 message existed), a topic holds its *live* messages only: those whose
@@ -42,6 +45,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from delta_edge import Where, rows_within
 from schemas.smuid import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
 from schemas.topics import trash_of
@@ -153,6 +157,15 @@ def _present(table: DeltaTable, names: list[str]) -> list[str]:
     return [name for name in names if name in have]
 
 
+def _rows(table: DeltaTable, columns: list[str], topic: str, span: tuple[int, int] | None) -> pa.Table:
+    """``columns`` of ``table``'s rows of canonical ``topic``; with ``span`` (first, last), only those
+    of SMUIDs between them, read from the files that may hold them (:func:`delta_edge.rows_within`)."""
+    where: Where = [("topic", "=", topic)]
+    if span is None:
+        return table.to_pyarrow_table(columns=columns, filters=where)
+    return rows_within(table, columns, [*where, ("smuid", ">=", span[0]), ("smuid", "<=", span[1])])
+
+
 def _unique(rows: pa.Table) -> list[dict]:
     """The rows by ascending SMUID, one per SMUID (the sink writes each once; never show one twice)."""
     out: list[dict] = []
@@ -191,15 +204,17 @@ class MessageStore:
             table.update_incremental()
         return table
 
-    def messages(self, topic: str, now: int | None = None) -> list[StoredMessage]:
+    def messages(self, topic: str, now: int | None = None,
+                 span: tuple[int, int] | None = None) -> list[StoredMessage]:
         """Every committed message of canonical ``topic`` (exact match), by ascending SMUID, only
         those live at ``now`` (microseconds; None: the whole history, dead ones included); for a
         Trash path (``<topic>/Trash``, :func:`schemas.topics.trash_topic`) the messages in that
-        topic's Trash instead."""
+        topic's Trash instead.  ``span`` (first, last): only those of SMUIDs between them, which a
+        GET MESSAGE of given SMUIDs reads from the few files that hold them."""
         owner = trash_of(topic)
         if owner is not None:
-            return self.trashed(owner)
-        rows = self._topic_rows(topic, COLUMNS, now, optional=FEDERATION_COLUMNS)
+            return self.trashed(owner, span)
+        rows = self._topic_rows(topic, COLUMNS, now, optional=FEDERATION_COLUMNS, span=span)
         if rows is None:
             return []
         return [_stored(row, topic, row) for row in _unique(_with_micros(rows, "accepted_at"))]
@@ -221,44 +236,45 @@ class MessageStore:
         return pc.unique(smuids).sort().to_pylist()
 
     def _topic_rows(self, topic: str, columns: list[str], now: int | None,
-                    optional: list[str] = ()) -> pa.Table | None:
-        """``columns`` of canonical ``topic``'s ``messages`` rows, and those of ``optional`` the table
-        has, only the rows live at ``now`` (None: all); None while the job has not created the table."""
+                    optional: list[str] = (), span: tuple[int, int] | None = None) -> pa.Table | None:
+        """``columns`` of canonical ``topic``'s ``messages`` rows (of SMUIDs within ``span``, if
+        given), and those of ``optional`` the table has, only the rows live at ``now`` (None: all);
+        None while the job has not created the table."""
         with self._lock:
             table = self._current(self.messages_path)
             if table is None:
                 return None
             columns = [*columns, *_present(table, optional)]
             if now is None:
-                return table.to_pyarrow_table(columns=columns, filters=[("topic", "=", topic)])
-            rows = table.to_pyarrow_table(columns=[*columns, "expires_at"], filters=[("topic", "=", topic)])
-            trashed = self._trashed_smuids(topic)
+                return _rows(table, columns, topic, span)
+            rows = _rows(table, [*columns, "expires_at"], topic, span)
+            trashed = self._trashed_smuids(topic, span)
         return rows.filter(_live(rows, now, trashed)).drop_columns(["expires_at"])
 
-    def _trashed_smuids(self, topic: str) -> pa.Array:
-        """The SMUIDs in canonical ``topic``'s Trash (call with the lock held)."""
+    def _trashed_smuids(self, topic: str, span: tuple[int, int] | None = None) -> pa.Array:
+        """The SMUIDs in canonical ``topic``'s Trash (within ``span``, if given; call with the lock held)."""
         trash = self._current(self.trash_path)
         if trash is None:
             return pa.array([], pa.int64())
-        rows = trash.to_pyarrow_table(columns=["smuid"], filters=[("topic", "=", topic)])
-        return rows.column("smuid").combine_chunks()
+        return _rows(trash, ["smuid"], topic, span).column("smuid").combine_chunks()
 
-    def trashed(self, topic: str) -> list[StoredMessage]:
-        """The messages in canonical ``topic``'s Trash, by ascending SMUID, with why and when.
+    def trashed(self, topic: str, span: tuple[int, int] | None = None) -> list[StoredMessage]:
+        """The messages in canonical ``topic``'s Trash (of SMUIDs within ``span``, if given), by
+        ascending SMUID, with why and when.
 
         One narrow read of the topic's ``trash`` rows, which carry what LIST and GET show of their
         message (the job copies its publisher GUID, priority, acceptance time and route from its
         ``messages`` row).  Only rows written before it did are completed from ``messages``, by
-        topic and SMUID range: that read builds a dataset over every file of the table, which put
-        a Trash's listing 0.2-0.5 s behind the job's commit of it.  A message whose ``messages``
-        row is gone still shows, with its SMUID's time.
+        topic and SMUID range: reading ``messages`` for every row put a Trash's listing 0.2-0.5 s
+        behind the job's commit of it.  A message whose ``messages`` row is gone still shows, with
+        its SMUID's time.
         """
         with self._lock:
             trash = self._current(self.trash_path)
             if trash is None:
                 return []
             copied = _present(trash, COPIED_TO_TRASH)
-            rows = trash.to_pyarrow_table(columns=[*TRASH_COLUMNS, *copied], filters=[("topic", "=", topic)])
+            rows = _rows(trash, [*TRASH_COLUMNS, *copied], topic, span)
             if not rows.num_rows:
                 return []
             older = rows if "accepted_at" not in copied else rows.filter(pc.is_null(rows.column("accepted_at")))
@@ -274,6 +290,5 @@ class MessageStore:
         messages = self._current(self.messages_path)
         if messages is None:
             return None
-        low, high = (bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
-        return messages.to_pyarrow_table(columns=[*ORIGIN_COLUMNS, *_present(messages, FEDERATION_COLUMNS)], filters=[
-            ("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])
+        span = tuple(bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
+        return _rows(messages, [*ORIGIN_COLUMNS, *_present(messages, FEDERATION_COLUMNS)], topic, span)

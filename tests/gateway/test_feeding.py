@@ -70,7 +70,8 @@ def make_session(config: GatewayConfig | None = None, registry: Registry | None 
 def resolve(session: Session, actions: list) -> list:
     """Carry out the registry's part of ``actions`` as the gateway would, in order:
     a Consult is decided (final: the test registry is complete), a Control is folded at the
-    next offset and followed by the Send of its outcome, a ReadMessages reads ``session.stored``."""
+    next offset and followed by the Send of its outcome, a ReadMessages reads ``session.stored``
+    (only the SMUIDs of its span, as the gateway's store reads them)."""
     registry = session.registry
     done = []
     for action in actions:
@@ -81,7 +82,8 @@ def resolve(session: Session, actions: list) -> list:
             registry.apply(action.event, registry.applied + 1)
             done += [action, Send(registry.outcome(action.event.request).to_bytes())]
         elif isinstance(action, ReadMessages):
-            found = [m for t in action.topics for m in session.stored.get(t, [])]
+            low, high = action.span or (0, float("inf"))
+            found = [m for t in action.topics for m in session.stored.get(t, []) if low <= m.smuid <= high]
             done += resolve(session, action.render(found))
         else:
             done.append(action)

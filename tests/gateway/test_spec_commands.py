@@ -588,6 +588,8 @@ def test_ranges_round_trip():
     assert format_ranges([]) == ""
     wanted = parse_ranges("1845-1890,1905")
     assert [n for n in (1844, 1845, 1890, 1891, 1905) if wanted(n)] == [1845, 1890, 1905]
+    assert wanted.span == (1845, 1905)  # what a read of them may stay within
+    assert parse_ranges("*").span is None and parse_ranges("*")(12345)
     assert parse_ranges("a-b") is None and parse_ranges("5-") is None
 
 

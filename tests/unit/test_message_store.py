@@ -8,6 +8,7 @@ import threading
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from gateway.server.message_store import COPIED_TO_TRASH, MessageStore, StoredMessage
@@ -210,3 +211,37 @@ def test_smuids_are_what_a_count_reads_of_a_topic_and_of_its_trash(tmp_path):
     trash(tmp_path / "trash", trash_row(10, "/a"), trash_row(10, "/a"), trash_row(20, "/b"))
     assert messages.smuids("/a/Trash") == [m.smuid for m in messages.messages("/a/Trash")] == [10]
     assert messages.smuids("/nothing") == []
+
+
+def _spoil_files_beyond(table_path, smuid: int) -> None:
+    """Overwrite every data file of the table holding a row above ``smuid`` with garbage: a read
+    that opens one fails."""
+    table = DeltaTable(str(table_path))
+    for uri in table.file_uris():
+        if pq.read_table(uri, columns=["smuid"]).column("smuid").to_pylist()[-1] > smuid:
+            with open(uri, "wb") as spoiled:
+                spoiled.write(b"not parquet")
+
+
+def test_a_span_of_smuids_reads_only_the_files_that_may_hold_them(tmp_path):
+    """GET MESSAGE of given SMUIDs reads the files whose SMUID range (in the Delta log) meets theirs,
+    not every file of the table: a file beyond the span is never opened, and the span's messages,
+    live and trashed, read as a whole-topic read finds them."""
+    now = ACCEPTED + 10_000_000
+    for batch, smuids in enumerate(([1, 2], [3, 4], [5, 6], [7, 8])):
+        append(tmp_path / "messages", *(row(smuid, "/t" if smuid % 2 else "/u", batch_id=batch) for smuid in smuids))
+        trash(tmp_path / "trash", trash_row(smuids[0], "/t" if smuids[0] % 2 else "/u"))
+    whole = store(tmp_path)
+    assert [m.smuid for m in whole.messages("/t")] == [1, 3, 5, 7]
+    assert [m.smuid for m in whole.messages("/t", now)] == []  # all four trashed
+    expected_trash = [m for m in whole.messages("/t/Trash") if 3 <= m.smuid <= 4]
+
+    _spoil_files_beyond(tmp_path / "messages", 4)
+    _spoil_files_beyond(tmp_path / "trash", 4)
+    messages = store(tmp_path)
+
+    assert [m.smuid for m in messages.messages("/t", span=(2, 3))] == [3]
+    assert [m.smuid for m in messages.messages("/u", span=(1, 4))] == [2, 4]
+    assert messages.messages("/t", now, span=(2, 4)) == []  # 3 is in the Trash
+    assert messages.messages("/t/Trash", span=(3, 4)) == expected_trash != []
+    assert [m.smuid for m in messages.messages("/u", now, span=(1, 4))] == [2, 4]

@@ -1,0 +1,30 @@
+"""The Delta edge: reads of the engine's Delta tables through delta-rs, for the processes and
+threads that have no Spark session (the gateways, the job's foreachBatch sink).
+
+It knows the tables only as delta-rs :class:`~deltalake.DeltaTable` objects and column names.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from pyarrow.parquet import filters_to_expression
+
+#: A conjunction of ``(column, op, value)`` filters, as ``DeltaTable.to_pyarrow_table`` takes them.
+Where = list[tuple[str, str, object]]
+
+
+def rows_within(table: DeltaTable, columns: list[str], where: Where) -> pa.Table:
+    """``columns`` of the rows of ``table`` that match ``where``, reading only the files whose
+    statistics in the Delta log say they may hold such rows.
+
+    Why not ``table.to_pyarrow_table(filters=where)``: that first builds a dataset fragment, in
+    Python, for every file of the table, and only then skips files.  For a bounded range of SMUIDs
+    (files are written per batch, so their SMUIDs rise file by file) pruning in delta-rs first is
+    ~20x cheaper: 5 ms against 99 ms for one row of a 200-file table (measured with
+    deltalake 1.6.6 on this 2-core host).  For a filter every file may match, such as one topic
+    of many written together, it costs more (355 against 236 ms): use it for ranges, not for
+    topics alone.
+    """
+    return table.to_pyarrow_dataset(file_pruning_predicate=where).to_table(
+        columns=columns, filter=filters_to_expression(where))
