@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import DataFrame, SparkSession
 
+from delta_edge import rows_within
 from schemas.spark import SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming.routing.frames import CLEARABLE, HELD, ORPHANED, PENDING, RECEIPT_STATE, RETRYING
 from streaming.sink.query import OUTPUTS, RECEIPTED, STORED, STORED_COLUMNS
@@ -99,8 +100,7 @@ class StoredReads:
         schema = arrow_schema(RECEIPTED)
         if not smuids:
             return schema.empty_table()
-        return self._table("receipts").to_pyarrow_table(
-            columns=["smuid"], filters=[("smuid", "in", sorted(smuids))]).cast(schema)
+        return rows_within(self._table("receipts"), ["smuid"], [("smuid", "in", sorted(smuids))]).cast(schema)
 
     def stored_messages(self, smuids: list[int]) -> pa.Table:
         """The stored ``messages`` rows (columns :data:`STORED_COLUMNS`) of ``smuids``: those the job
@@ -114,8 +114,8 @@ class StoredReads:
         missing = sorted(set(smuids) - set(kept.column("smuid").to_pylist()))
         if not missing:
             return kept
-        arrow = self._table("messages").to_pyarrow_table(
-            columns=STORED_COLUMNS, filters=[("smuid", ">=", min(missing)), ("smuid", "<=", max(missing))])
+        arrow = rows_within(self._table("messages"), STORED_COLUMNS,
+                            [("smuid", ">=", min(missing)), ("smuid", "<=", max(missing))])
         arrow = arrow.filter(pc.is_in(arrow.column("smuid"), pa.array(missing, pa.int64())))
         return pa.concat_tables([kept, arrow.cast(schema)])
 
