@@ -83,7 +83,7 @@ class Consult:
 @dataclass(frozen=True)
 class ReadMessages:
     """Load the stored messages of ``topics`` (off the event loop), then carry out
-    ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count).
+    ``render(messages)``, in command order; ``smuids_only``: their SMUIDs are enough (a count, a listing).
     ``now`` (microseconds, the session's clock): only the messages live then, neither expired nor
     trashed (spec 2.4); a Trash path reads the dead ones whatever it says; None: every message.
     ``span``: (first, last), when only the messages of SMUIDs between them are wanted (GET MESSAGE

@@ -75,7 +75,7 @@ class ReadingVerbs:
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages(self._message_topics([topic]), self._render_list, now=self._now())]
+            return [ReadMessages(self._message_topics([topic]), self._render_list, smuids_only=True, now=self._now())]
         return self._consult(decide, topic)
 
     def _topic_lines(self, paths: list[str]) -> list[str]:
@@ -83,8 +83,10 @@ class ReadingVerbs:
         topics = self._registry.topics
         return [f"{p} > {topics[p].target}" if topics[p].target else p for p in paths]
 
-    def _render_list(self, messages: list) -> list[Action]:
-        ranges = format_ranges([m.smuid for m in messages])
+    def _render_list(self, smuids: list[int]) -> list[Action]:
+        """LIST MESSAGE's reply: only the SMUIDs, so only that column is read (a quarter less than
+        whole messages, measured on a 150-file Trash)."""
+        ranges = format_ranges(smuids)
         return self._reply(Reply.ok(ranges) if ranges else Reply.ok())
 
     def smqp_FIND(self, verb: str, args: list[str]) -> list[Action]:

@@ -71,7 +71,8 @@ def resolve(session: Session, actions: list) -> list:
     """Carry out the registry's part of ``actions`` as the gateway would, in order:
     a Consult is decided (final: the test registry is complete), a Control is folded at the
     next offset and followed by the Send of its outcome, a ReadMessages reads ``session.stored``
-    (only the SMUIDs of its span, as the gateway's store reads them)."""
+    (only the SMUIDs of its span, and only their SMUIDs when it asks no more, as the gateway's store
+    reads them)."""
     registry = session.registry
     done = []
     for action in actions:
@@ -84,6 +85,8 @@ def resolve(session: Session, actions: list) -> list:
         elif isinstance(action, ReadMessages):
             low, high = action.span or (0, float("inf"))
             found = [m for t in action.topics for m in session.stored.get(t, []) if low <= m.smuid <= high]
+            if action.smuids_only:
+                found = sorted({m.smuid for m in found})
             done += resolve(session, action.render(found))
         else:
             done.append(action)
