@@ -158,6 +158,10 @@ class StreamingConfig:
     # the job's tables are compacted this often (by its clock, between batches): each batch writes a
     # small file to each, and every read and merge looks at every file; 0 = never
     compact_interval_s: float = 300.0
+    # and a table is compacted as soon as it has this many files more than after its last compaction
+    # (one table a batch at most): a whole-topic read opens every file, ~1.7 ms each on this host, and
+    # a Trash polled by LIST MESSAGE grew 100 files a minute at low load; 0 = by the interval only
+    compact_files: int = 50
     compact_target_mb: int = 16  # files smaller than this are packed together, up to this size
     # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
     # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
@@ -178,6 +182,8 @@ class StreamingConfig:
             raise ValueError(f"[streaming] nice must be 0..19, not {self.nice}")
         if self.source not in ("python", "kafka"):
             raise ValueError(f"[streaming] source must be \"python\" or \"kafka\", not {self.source!r}")
+        if self.compact_files < 0:
+            raise ValueError(f"[streaming] compact_files must be 0 (off) or more, not {self.compact_files}")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,11 @@ Why: each batch appends a file to ``messages`` and its merges write new files in
 merge of a batch looks at every file (delta-rs makes a fragment of each and checks its statistics),
 so without compaction a batch grows slower the longer the job runs.
 
-:class:`TableCompactor` compacts them every ``streaming.compact_interval_s`` of the batches' clock.
-Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
+:class:`TableCompactor` compacts them every ``streaming.compact_interval_s`` of the batches' clock,
+and a table as soon as it has ``streaming.compact_files`` files more than after its last compaction:
+one table a batch at most, so that no one batch pays for them all.  The interval alone let a table
+grow by 300 files between two compactions, and a gateway's whole-topic read (LIST MESSAGE, COUNT)
+opens every file: a Trash of 150 one-row files took 335 ms to list, 10 ms compacted.  Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
 is the one writer of these tables, and a compaction beside one of its merges would conflict with it.
 delta-rs' ``optimize.compact`` packs the files smaller than ``compact_target_mb`` into bins of up to
 that size, in their order (so the SMUID ranges reads prune by stay narrow), and rewrites each bin
@@ -34,20 +37,23 @@ SINK_TABLES = ("messages", "deliveries", "unrouted", "trash", "receipts", "subsc
 
 class TableCompactor:
     """``compactor(now)``: compact the sink's tables when ``streaming.compact_interval_s`` of the
-    batches' clock ``now`` (µs; None: a batch without a clock, skipped) has passed since the last
-    time; returns the files each compacted table lost.  ``table(name)``: the table, open and up to
-    date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when it does
-    not exist yet.
+    batches' clock ``now`` (µs; None: a batch without a clock) has passed since the last time, else
+    the one table with the most files beyond ``streaming.compact_files`` more than it had after its
+    last compaction; returns the files each compacted table lost.  ``table(name)``: the table, open
+    and up to date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when
+    it does not exist yet.
 
-    A compaction that fails (the disk, a writer it conflicts with) is logged and tried again an
-    interval later: small files only slow the job down, they must never stop it.
+    A compaction that fails (the disk, a writer it conflicts with) is logged and tried again later:
+    small files only slow the job down, they must never stop it.
     """
 
     def __init__(self, config: SMQPConfig, table: Callable[[str], DeltaTable | None]):
         self.interval = int(config.streaming.compact_interval_s * 1_000_000)
+        self.files = config.streaming.compact_files
         self.target_bytes = config.streaming.compact_target_mb << 20
         self.table = table
-        self.last: int | None = None  # the clock of the last compaction (or of the first batch)
+        self.last: int | None = None  # the clock of the last compaction by the interval (or of the first batch)
+        self.compacted_to: dict[str, int] = {}  # table → its files after its last compaction or try (none: 0)
 
     def due(self, now: int | None) -> bool:
         """An interval has passed at ``now`` since the last compaction, or since the first batch seen."""
@@ -57,23 +63,45 @@ class TableCompactor:
             self.last = now
         return now - self.last >= self.interval
 
-    def __call__(self, now: int | None) -> dict[str, int]:
-        if not self.due(now):
-            return {}
-        self.last = now
-        removed = {}
+    def crowded(self) -> str | None:
+        """The table with the most files gained since its last compaction, if at least ``compact_files``."""
+        if self.files <= 0:
+            return None
+        gained = {}
         for name in SINK_TABLES:
-            started = time.monotonic()
-            try:
-                table = self.table(name)
-                if table is None:
-                    continue
-                metrics = table.optimize.compact(target_size=self.target_bytes)
-            except (DeltaError, OSError):
-                log.exception("compaction of %s failed; next try in %d s", name, self.interval // 1_000_000)
-                continue
-            if metrics["numFilesRemoved"]:
-                removed[name] = metrics["numFilesRemoved"]
-                log.info("compacted %s: %d files into %d in %d ms", name, metrics["numFilesRemoved"],
-                         metrics["numFilesAdded"], (time.monotonic() - started) * 1000)
+            table = self.table(name)
+            if table is not None:
+                gained[name] = len(table.file_uris()) - self.compacted_to.get(name, 0)
+        name = max(gained, key=gained.get, default=None)
+        return name if name is not None and gained[name] >= self.files else None
+
+    def __call__(self, now: int | None) -> dict[str, int]:
+        if self.due(now):
+            self.last = now
+            names = SINK_TABLES
+        else:
+            names = [name for name in (self.crowded(),) if name is not None]
+        removed = {}
+        for name in names:
+            if (lost := self._compact(name)):
+                removed[name] = lost
         return removed
+
+    def _compact(self, name: str) -> int:
+        """Compact table ``name`` (if it exists); the files it lost."""
+        started = time.monotonic()
+        try:
+            table = self.table(name)
+            if table is None:
+                return 0
+            metrics = table.optimize.compact(target_size=self.target_bytes)
+            self.compacted_to[name] = len(table.file_uris())
+        except (DeltaError, OSError):
+            log.exception("compaction of %s failed; tried again at the next interval or %d files on",
+                          name, self.files)
+            self.compacted_to[name] = self.compacted_to.get(name, 0) + self.files  # not at every batch
+            return 0
+        if metrics["numFilesRemoved"]:
+            log.info("compacted %s: %d files into %d in %d ms", name, metrics["numFilesRemoved"],
+                     metrics["numFilesAdded"], (time.monotonic() - started) * 1000)
+        return metrics["numFilesRemoved"]

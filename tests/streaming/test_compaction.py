@@ -53,3 +53,25 @@ def test_no_compaction_when_its_interval_is_0(spark, tmp_path):
                   offset=10 * batch)
     assert sink.compact(US0) == {} and sink.compact(US0 + 3600 * S) == {}
     assert files(sink, "messages") == 2
+
+
+def test_a_table_that_gained_compact_files_is_compacted_alone_without_waiting_for_the_interval(spark, tmp_path):
+    """A whole-topic read opens every file, so a table is compacted once it gains ``compact_files``
+    files, whatever the interval: the most crowded table first, one a batch."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path),
+                                   streaming={"compact_interval_s": 3600, "compact_files": 3}))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0)])
+    for batch in range(1, 3):
+        run_batch(spark, sink, batch, [ev.Publish(batch, "/t/x", f"c{batch}", "alice", "gp", US0 + batch)],
+                  offset=10 * batch)
+    assert sink.compact(US0) == {}  # two files in each: not yet
+    run_batch(spark, sink, 3, [ev.Publish(3, "/t/x", "c3", "alice", "gp", US0 + 3),
+                               ev.Publish(30, "/u", "c30", "alice", "gp", US0 + 3)], offset=30)
+    assert files(sink, "messages") == 3 and files(sink, "deliveries") == 3
+
+    first, second = sink.compact(US0 + S), sink.compact(US0 + 2 * S)
+    assert len(first) == len(second) == 1 and {**first, **second} == {"messages": 3, "deliveries": 3}
+    assert files(sink, "messages") == 1 and files(sink, "deliveries") == 1
+    assert sink.compact(US0 + 3 * S) == {}  # counted again from the compacted file
+    assert [r["smuid"] for r in rows(sink, "messages")] == [1, 2, 3, 30]
+    assert [r["smuid"] for r in rows(sink, "deliveries")] == [1, 2, 3]

@@ -114,3 +114,10 @@ def test_the_jobs_cpu_priority_is_nice_10_by_default_and_checked():
     assert load_config(env={"SMQP_STREAMING_NICE": "0"}).streaming.nice == 0
     with pytest.raises(ValueError, match="nice"):
         load_config(env={"SMQP_STREAMING_NICE": "20"})
+
+
+def test_compaction_by_file_count_is_50_by_default_0_for_off_and_never_negative():
+    assert load_config(env={}).streaming.compact_files == 50
+    assert load_config(env={"SMQP_STREAMING_COMPACT_FILES": "0"}).streaming.compact_files == 0
+    with pytest.raises(ValueError, match="compact_files"):
+        load_config(env={"SMQP_STREAMING_COMPACT_FILES": "-1"})
