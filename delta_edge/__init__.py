@@ -1,5 +1,6 @@
-"""The Delta edge: reads of the engine's Delta tables through delta-rs, for the processes and
-threads that have no Spark session (the gateways, the job's foreachBatch sink).
+"""The Delta edge: reads of the engine's Delta tables through delta-rs, shared by the gateways
+(which have no Spark session) and the job's foreachBatch sink (which reads a few rows a batch,
+far below what a Spark job costs).
 
 It knows the tables only as delta-rs :class:`~deltalake.DeltaTable` objects and column names.
 """
