@@ -178,18 +178,20 @@ def read_after_sending(reader, producer, topic: str, value: bytes, partition: in
 @contextlib.contextmanager
 def sending_every_50_ms(producer, topic: str, record, per: int = 1):
     """From a thread, sends ``per`` records ``record(n)``, each a (value, partition), every 50 ms (never
-    a 300 ms gap) until the block ends; yields the values sent so far."""
+    a 300 ms gap) until the block ends; yields the values Kafka has acknowledged so far (a value
+    counted before its acknowledgement may not be readable yet)."""
     stop, sent = threading.Event(), []
 
     def send() -> None:
         while not stop.is_set():
-            futures = []
+            futures, values = [], []
             for _ in range(per):
-                value, partition = record(len(sent))
+                value, partition = record(len(sent) + len(values))
                 futures.append(producer.send(topic, value=value, partition=partition))
-                sent.append(value)
+                values.append(value)
             for future in futures:
                 future.get(timeout=30)
+            sent.extend(values)
             time.sleep(0.05)
 
     sender = threading.Thread(target=send)
