@@ -42,10 +42,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from delta_edge import Where, rows_within
+from delta_edge import dataset, rows_within
 from schemas.smuid import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
 from schemas.topics import trash_of
@@ -157,15 +158,6 @@ def _present(table: DeltaTable, names: list[str]) -> list[str]:
     return [name for name in names if name in have]
 
 
-def _rows(table: DeltaTable, columns: list[str], topic: str, span: tuple[int, int] | None) -> pa.Table:
-    """``columns`` of ``table``'s rows of canonical ``topic``; with ``span`` (first, last), only those
-    of SMUIDs between them, read from the files that may hold them (:func:`delta_edge.rows_within`)."""
-    where: Where = [("topic", "=", topic)]
-    if span is None:
-        return table.to_pyarrow_table(columns=columns, filters=where)
-    return rows_within(table, columns, [*where, ("smuid", ">=", span[0]), ("smuid", "<=", span[1])])
-
-
 def _unique(rows: pa.Table) -> list[dict]:
     """The rows by ascending SMUID, one per SMUID (the sink writes each once; never show one twice)."""
     out: list[dict] = []
@@ -191,6 +183,7 @@ class MessageStore:
         self.trash_path = trash_path or str(Path(messages_path).with_name("trash"))
         self._lock = threading.Lock()
         self._tables: dict[str, DeltaTable] = {}
+        self._datasets: dict[str, tuple[int, ds.Dataset]] = {}  # table URI → (its version, its dataset)
 
     def _current(self, path: str) -> DeltaTable | None:
         """The table at ``path`` at its latest version; None while the job has not created it."""
@@ -203,6 +196,25 @@ class MessageStore:
         else:
             table.update_incremental()
         return table
+
+    def _rows(self, table: DeltaTable, columns: list[str], topic: str, span: tuple[int, int] | None) -> pa.Table:
+        """``columns`` of ``table``'s rows of canonical ``topic``; with ``span`` (first, last), only those
+        of SMUIDs between them, read from the files that may hold them (:func:`delta_edge.rows_within`).
+        Call with the lock held."""
+        if span is not None:
+            low, high = span
+            return rows_within(table, columns, [("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])
+        return self._dataset(table).to_table(columns=columns, filter=ds.field("topic") == topic)
+
+    def _dataset(self, table: DeltaTable) -> ds.Dataset:
+        """``table``'s dataset (:func:`delta_edge.dataset`), made once a version: making one makes a
+        fragment for every file (~0.8 ms a file on this host), and a client polling a topic reads it
+        several times between two commits of the job.  Call with the lock held."""
+        version = table.version()
+        cached = self._datasets.get(table.table_uri)
+        if cached is None or cached[0] != version:
+            cached = self._datasets[table.table_uri] = (version, dataset(table))
+        return cached[1]
 
     def messages(self, topic: str, now: int | None = None,
                  span: tuple[int, int] | None = None) -> list[StoredMessage]:
@@ -246,8 +258,8 @@ class MessageStore:
                 return None
             columns = [*columns, *_present(table, optional)]
             if now is None:
-                return _rows(table, columns, topic, span)
-            rows = _rows(table, [*columns, "expires_at"], topic, span)
+                return self._rows(table, columns, topic, span)
+            rows = self._rows(table, [*columns, "expires_at"], topic, span)
             trashed = self._trashed_smuids(topic, span)
         return rows.filter(_live(rows, now, trashed)).drop_columns(["expires_at"])
 
@@ -256,7 +268,7 @@ class MessageStore:
         trash = self._current(self.trash_path)
         if trash is None:
             return pa.array([], pa.int64())
-        return _rows(trash, ["smuid"], topic, span).column("smuid").combine_chunks()
+        return self._rows(trash, ["smuid"], topic, span).column("smuid").combine_chunks()
 
     def trashed(self, topic: str, span: tuple[int, int] | None = None) -> list[StoredMessage]:
         """The messages in canonical ``topic``'s Trash (of SMUIDs within ``span``, if given), by
@@ -274,7 +286,7 @@ class MessageStore:
             if trash is None:
                 return []
             copied = _present(trash, COPIED_TO_TRASH)
-            rows = _rows(trash, [*TRASH_COLUMNS, *copied], topic, span)
+            rows = self._rows(trash, [*TRASH_COLUMNS, *copied], topic, span)
             if not rows.num_rows:
                 return []
             older = rows if "accepted_at" not in copied else rows.filter(pc.is_null(rows.column("accepted_at")))
@@ -291,4 +303,4 @@ class MessageStore:
         if messages is None:
             return None
         span = tuple(bound.as_py() for bound in pc.min_max(rows.column("smuid")).values())
-        return _rows(messages, [*ORIGIN_COLUMNS, *_present(messages, FEDERATION_COLUMNS)], topic, span)
+        return self._rows(messages, [*ORIGIN_COLUMNS, *_present(messages, FEDERATION_COLUMNS)], topic, span)

@@ -245,3 +245,19 @@ def test_a_span_of_smuids_reads_only_the_files_that_may_hold_them(tmp_path):
     assert messages.messages("/t", now, span=(2, 4)) == []  # 3 is in the Trash
     assert messages.messages("/t/Trash", span=(3, 4)) == expected_trash != []
     assert [m.smuid for m in messages.messages("/u", now, span=(1, 4))] == [2, 4]
+
+
+def test_a_read_after_a_commit_or_a_deletion_sees_that_version(tmp_path):
+    """The store keeps a table's files between reads of one version; any new version (a commit, the
+    retention sweep's deletion, a compaction) is read anew."""
+    append(tmp_path / "messages", row(1, "/t"))
+    trash(tmp_path / "trash", trash_row(1, "/t"))
+    messages = store(tmp_path)
+    assert messages.smuids("/t") == [1] and messages.smuids("/t/Trash") == [1]
+    append(tmp_path / "messages", row(2, "/t", batch_id=1))
+    trash(tmp_path / "trash", trash_row(2, "/t"))
+    assert messages.smuids("/t") == [1, 2] and messages.smuids("/t/Trash") == [1, 2]
+    DeltaTable(str(tmp_path / "trash")).optimize.compact()
+    DeltaTable(str(tmp_path / "trash")).delete("smuid = 1")
+    assert messages.smuids("/t/Trash") == [2]
+    assert [m.smuid for m in messages.messages("/t", ACCEPTED + 1)] == [1]  # 2 is in the Trash
