@@ -9,7 +9,9 @@ so without compaction a batch grows slower the longer the job runs.
 and a table as soon as it has ``streaming.compact_files`` files more than after its last compaction:
 one table a batch at most, so that no one batch pays for them all.  The interval alone let a table
 grow by 300 files between two compactions, and a gateway's whole-topic read (LIST MESSAGE, COUNT)
-opens every file: a Trash of 150 one-row files took 335 ms to list, 10 ms compacted.  Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
+opens every file: a Trash of 150 one-row files took 335 ms to list, 10 ms compacted.
+
+Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
 is the one writer of these tables, and a compaction beside one of its merges would conflict with it.
 delta-rs' ``optimize.compact`` packs the files smaller than ``compact_target_mb`` into bins of up to
 that size, in their order (so the SMUID ranges reads prune by stay narrow), and rewrites each bin

@@ -75,7 +75,8 @@ class ReadingVerbs:
                 return self._reply(Reply.ok(*self._topic_lines(self._seen(registry.children(topic)))))
             if not self._messages_readable(topic):
                 return None
-            return [ReadMessages(self._message_topics([topic]), self._render_list, smuids_only=True, now=self._now())]
+            return [ReadMessages(self._message_topics([topic]), self._render_list, smuids_only=True,
+                                 now=self._now())]
         return self._consult(decide, topic)
 
     def _topic_lines(self, paths: list[str]) -> list[str]:
