@@ -91,18 +91,19 @@ class TableCompactor:
 
     def _compact(self, name: str) -> int:
         """Compact table ``name`` (if it exists); the files it lost."""
-        started = time.monotonic()
+        started, table = time.monotonic(), None
         try:
             table = self.table(name)
             if table is None:
                 return 0
             metrics = table.optimize.compact(target_size=self.target_bytes)
-            self.compacted_to[name] = len(table.file_uris())
         except (DeltaError, OSError):
             log.exception("compaction of %s failed; tried again at the next interval or %d files on",
                           name, self.files)
-            self.compacted_to[name] = self.compacted_to.get(name, 0) + self.files  # not at every batch
             return 0
+        finally:
+            if table is not None:  # counted from here, done or not: a failure is not retried at every batch
+                self.compacted_to[name] = len(table.file_uris())
         if metrics["numFilesRemoved"]:
             log.info("compacted %s: %d files into %d in %d ms", name, metrics["numFilesRemoved"],
                      metrics["numFilesAdded"], (time.monotonic() - started) * 1000)

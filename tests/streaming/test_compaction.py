@@ -75,3 +75,41 @@ def test_a_table_that_gained_compact_files_is_compacted_alone_without_waiting_fo
     assert sink.compact(US0 + 3 * S) == {}  # counted again from the compacted file
     assert [r["smuid"] for r in rows(sink, "messages")] == [1, 2, 3, 30]
     assert [r["smuid"] for r in rows(sink, "deliveries")] == [1, 2, 3]
+
+
+class _FailingTable:
+    """A table of ``files`` files whose compaction fails, as a full disk would make it."""
+
+    def __init__(self, files: int):
+        self.files, self.tries = files, 0
+
+    def file_uris(self) -> list[str]:
+        return [f"part-{n}.parquet" for n in range(self.files)]
+
+    @property
+    def optimize(self):
+        return self
+
+    def compact(self, target_size: int):
+        from deltalake.exceptions import DeltaError
+
+        self.tries += 1
+        raise DeltaError("No space left on device")
+
+
+def test_a_failed_compaction_is_tried_again_only_after_compact_files_more_files(caplog):
+    """A compaction that fails never stops the job, and is not retried at every batch: only once the
+    table has gained ``compact_files`` files more than when it failed."""
+    from streaming.compaction import TableCompactor
+
+    trash = _FailingTable(200)
+    compactor = TableCompactor(load_config(env={}, streaming={"compact_interval_s": 3600, "compact_files": 50}),
+                               lambda name: trash if name == "trash" else None)
+    assert compactor(US0) == {} and trash.tries == 1
+    assert "compaction of trash failed" in caplog.text
+    for batch in range(1, 4):
+        trash.files += 10
+        assert compactor(US0 + batch * S) == {}
+    assert trash.tries == 1  # 30 files gained since it failed: not yet
+    trash.files += 20
+    assert compactor(US0 + 5 * S) == {} and trash.tries == 2
