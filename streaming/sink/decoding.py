@@ -68,16 +68,31 @@ def decode_records(records: pa.Table) -> pa.Table:
     record whose fields do not fit their types is all null (``from_json`` may keep the fields that
     do), so :func:`streaming.routing.commands.valid_events_sql` drops it, as it does non-JSON records.
     """
-    commands = [_command_fields(value) for value in records.column("value").to_pylist()]
+    return _events_table(records, _commands(records))
+
+
+def _commands(records: pa.Table) -> list[dict]:
+    """Each record's command fields (:func:`_command_fields`): the JSON, decoded once for the batch."""
+    return [_command_fields(value) for value in records.column("value").to_pylist()]
+
+
+def _events_table(records: pa.Table, commands: list[dict]) -> pa.Table:
+    """:func:`decode_records` of ``records``, whose ``commands`` (:func:`_commands`) are decoded already."""
     try:
         fields = pa.Table.from_pylist(commands, schema=_COMMAND_ARROW)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         fields = pa.concat_tables([_command_row(command) for command in commands])
     # The positions straight from Arrow: through Python objects, timestamps cost more than the JSON.
-    at, partition, offset = (records.column(name).combine_chunks().cast(field.type)
-                             for name, field in zip(("timestamp", "partition", "offset"), _SEQ_ARROW))
+    at, partition, offset = _positions(records)
     seq = pa.StructArray.from_arrays([at, partition, offset], fields=list(_SEQ_ARROW))
     return pa.Table.from_arrays(fields.columns + [seq, partition, offset], schema=_EVENTS_ARROW)
+
+
+def _positions(records: pa.Table) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The records' timestamps, partitions and offsets, as the types of ``seq``'s fields."""
+    at, partition, offset = (records.column(name).combine_chunks().cast(field.type)
+                             for name, field in zip(("timestamp", "partition", "offset"), _SEQ_ARROW))
+    return at, partition, offset
 
 
 def _command_row(command: dict) -> pa.Table:
