@@ -138,19 +138,19 @@ class _Subscribers:
                           publish["depth"] or 0, publish["hops"] or (), self._peers)
 
 
-def route(decoded: pa.Table, current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
+def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
           routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
           peers: Mapping[str, str] = MappingProxyType({})) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
-    query's columns (timestamps as microseconds): ``decoded`` its records (:data:`routing.EVENTS`,
-    ``streaming.sink.decoding.decode_records``), ``current`` the active subscriptions before it
+    query's columns (timestamps as microseconds): ``events`` its records, as :data:`routing.EVENTS` rows in
+    Python (``streaming.sink.decoding.decoded_events``), ``current`` the active subscriptions before it
     (``SUBSCRIPTIONS_TABLE`` columns), ``pending`` the stored deliveries that expire by its clock
     ``now`` (:data:`routing.PENDING`), ``stored`` their messages (``MESSAGES_TABLE`` columns);
     ``new_may_expire``: whether a message of the batch may (``streaming.sink.records.may_expire``: when not,
     the query does not look for stored deliveries the batch routes again); ``one``: whether a
     publish may be DELIVERY ONE (``streaming.sink.records.has_delivery_one``: when not, none is treated so);
     ``peers``: the ``[federation] peers`` (account → domain)."""
-    events = [event for event in decoded.to_pylist() if _valid(event)]
+    events = [event for event in events if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
     subscribers = _Subscribers(current, peers)

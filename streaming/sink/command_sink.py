@@ -50,7 +50,7 @@ from streaming.retention import TrashSweeper
 from streaming.routing.frames import CLEARABLE, EVENTS, HELD, KAFKA_OUT, ORPHANED, PENDING, RECEIPT_STATE, RETRYING
 from streaming.routing.sql import empty_sql, run_sql
 from streaming.sink.commits import DeltaCommits
-from streaming.sink.decoding import decode_records, events_by_kind, in_log_order
+from streaming.sink.decoding import decode_records, decoded_events, events_by_kind, in_log_order
 from streaming.sink.holders import InFlightLimit
 from streaming.sink.query import OUTPUTS, PROGRESS, RECEIPTED, STORED, batch_sql
 from streaming.sink.reads import StoredReads
@@ -216,10 +216,12 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         shape = simple_batch.Shape(nacks=bool(nacked), subscriptions=bool(subscribed) or any_record(
             arrow_records, of_type(Unsubscribe.TYPE)), removals=bool(removed) or orphaned.num_rows > 0,
             receipts=state.num_rows > 0 or bool(unreached & asking) or owed_now)
-        # The records decoded once, here (every branch of the query would otherwise re-read the source).
-        decoded = decode_records(arrow_records)
+        simple = self.config.streaming.simple_batches and simple_batch.is_simple(shape)
+        # The records decoded once, here (every branch of the query would otherwise re-read the source): as
+        # dicts for a batch routed in Python (no Arrow round trip), as an Arrow table for the routing query.
+        decoded = decoded_events(arrow_records) if simple else decode_records(arrow_records)
         started = time.monotonic()
-        if self.config.streaming.simple_batches and simple_batch.is_simple(shape):
+        if simple:
             rows = simple_batch.route(decoded, self.active_subscriptions(), pending, stored, batch_id, routed_at, now,
                                       new_may_expire=expiry[0], one=one, peers=self.config.federation.peers)
             out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
