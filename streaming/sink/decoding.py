@@ -21,6 +21,10 @@ _EVENTS_ARROW = arrow_schema(EVENTS)
 _COMMAND_ARROW = pa.schema(list(_EVENTS_ARROW)[:-3])
 _SEQ_ARROW = _EVENTS_ARROW.field("seq").type
 
+#: What Arrow raises for a field that does not fit its type: a lone surrogate (JSON's ``"\\ud800"``,
+#: which no gateway writes but another producer may) is a string Arrow cannot encode as UTF-8.
+_UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeEncodeError)
+
 
 def _command_fields(value: bytes | None) -> dict:
     """A record's value as the JSON object it should be, else ``{}`` (every field null, as from_json gives)."""
@@ -82,7 +86,7 @@ def _events_table(records: pa.Table, commands: list[dict]) -> pa.Table:
     """:func:`decode_records` of ``records``, whose ``commands`` (:func:`_commands`) are decoded already."""
     try:
         fields = pa.Table.from_pylist(commands, schema=_COMMAND_ARROW)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except _UNFIT:
         fields = pa.concat_tables([_command_row(command) for command in commands])
     # The positions straight from Arrow: through Python objects, timestamps cost more than the JSON.
     at, partition, offset = _positions(records)
@@ -101,7 +105,7 @@ def _command_row(command: dict) -> pa.Table:
     """One record's command fields, all null when a field does not fit its type."""
     try:
         return pa.Table.from_pylist([command], schema=_COMMAND_ARROW)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except _UNFIT:
         return pa.Table.from_pylist([{}], schema=_COMMAND_ARROW)
 
 

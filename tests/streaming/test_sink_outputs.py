@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
+import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
@@ -161,6 +162,21 @@ def test_decoding_in_python_gives_the_events_from_json_gives(spark):
     assert_df_equality(ours, routing.parse_commands(records), ignore_row_order=True, ignore_nullable=True)
     # publish, subscribe, ack and the ack with an extra field route; registry events are not routed
     assert sorted(r.kafka_offset for r in ours.collect()) == [40, 41, 42, 44]
+
+
+@pytest.mark.parametrize("simple", [True, False], ids=["simple batch", "routing query"])
+def test_a_record_no_utf8_string_can_hold_is_dropped_and_the_batch_routes(spark, tmp_path, simple):
+    """A commands record whose JSON escapes a lone surrogate (``"\\ud800"``: the gateways never write one,
+    another producer may) is no command; it was a batch that failed on every replay, the job stuck."""
+    sink = CommandSink(load_config(env={"SMQP_STREAMING_SIMPLE_BATCHES": str(simple).lower()},
+                                   data_dir=str(tmp_path)))
+    commands = [ev.Subscribe("bob", "gb", "/t", US0).to_bytes()] * (not simple) + [
+        b'{"type":"publish","smuid":9,"topic":"/t\\ud800","account":"alice","accepted_at":1}',
+        ev.Publish(1, "/t", "c1", "alice", "gp", US0 + 1).to_bytes()]
+    rows = [(None, value, "cmd", 0, i, T0 + timedelta(milliseconds=i), 0) for i, value in enumerate(commands)]
+    sink.commit_outputs(sink.outputs(spark.createDataFrame(rows, KAFKA_RECORD), 0, T0), 0)
+    stored = DeltaTable(sink.config.table_path("messages")).to_pyarrow_table(columns=["smuid", "topic"])
+    assert stored.to_pylist() == [{"smuid": 1, "topic": "/t"}]
 
 
 def run_batch(spark, sink, batch_id, commands, offset=0) -> dict:
