@@ -148,9 +148,10 @@ def reference_decode(raw):
 
 @pytest.mark.parametrize("raw", [
     b'{"type":"sync","request":"r"}', '{"type":"sync","request":"r"}', b'\xef\xbb\xbf{"type":"sync","request":"r"}',
-    '{"type":"sync","request":"r"}'.encode("utf-16"), b'{"type":"sync","request":"\xed\xa0\x80"}',
-    b'{"type":"sync","request":"\xff"}', b'{"type":"nope"}', b'{"', b"", b"[]", b'{"type":"sync"}',
-    b'{"type":"sync","request":"\\ud800"}', EXAMPLES[0].to_bytes(), EXAMPLES[3].to_bytes(),
+    '{"type":"sync","request":"r"}'.encode("utf-16"),
+    b'{"type":"sync","request":"\xff"}', b'{"type":"sync","request":"\\ud83d\\ude00 \\u00e9"}', b'{"type":"nope"}',
+    b'{"', b"", b"[]", b'{"type":"sync"}',
+    EXAMPLES[0].to_bytes(), EXAMPLES[3].to_bytes(),
 ])
 def test_decode_reads_bytes_as_json_loads_does(raw):
     def outcome(parse):
@@ -159,6 +160,19 @@ def test_decode_reads_bytes_as_json_loads_does(raw):
         except Exception as error:  # noqa: BLE001 - the kind of failure is what is compared
             return type(error)
     assert outcome(decode) == outcome(reference_decode)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"type":"sync","request":"\\ud800"}', b'{"type":"sync","request":"\xed\xa0\x80"}',
+    Ack("bob", "g", 1, 2).to_bytes().replace(b'"bob"', b'"bob\\udfff"'),
+    Publish(1, "/t/x", "c", "ann", "g", 1).to_bytes().replace(b'"/t/x"', b'"/t/\\udbff"'),
+])
+def test_decode_refuses_a_lone_surrogate_as_the_job_does(raw):
+    """A string no UTF-8 can hold (a record another producer wrote): the job drops the record, so a
+    gateway's fold skips it too, and never routes it early to a client it could not write it to."""
+    assert json.loads(raw)  # the JSON module reads it, the surrogate in a string
+    with pytest.raises(ValueError, match="lone surrogate"):
+        decode(raw)
 
 
 def test_an_acked_batch_joins_the_jobs_acked_records_and_is_taken_apart_in_order():
