@@ -1,15 +1,19 @@
 """Where the gateway's CPU goes per delivery: py-spy samples it through one benchmark workload.
 
 Starts our stack (``deploy.smqp_adapter``), runs ``--workload`` (fan-out by
-default: one publisher, 10 subscribers acknowledging every message, the
+default: one publisher, 10 subscribers acknowledging every message; ingest: 8
+publishers to a topic nobody reads; latency: ``--rate`` messages a second
+to one subscriber, each alone; drain: a backlog to one subscriber; the
 benchmark's own code) while ``py-spy record`` samples the gateway process, and
 writes the samples as collapsed stacks (``<out>.raw.txt``: open it in
 https://www.speedscope.app for the flame graph).  Then prints, and writes to
 ``<out>.txt``, the functions that cost the most CPU in microseconds per
-delivery: *self* (in the function itself) and *total* (with what it calls).
+delivery (a publish, for ingest): *self* (in the function itself) and *total* (with what it calls).
 
     python -m deploy.profile_gateway                       # fan-out, 5,000 messages x 10 subscribers
     python -m deploy.profile_gateway --workload drain --messages 20000
+    python -m deploy.profile_gateway --workload ingest --messages 50000
+    python -m deploy.profile_gateway --workload latency --messages 20000 --pace 1000
 
 py-spy comes with the 'bench' extra.  It reads the gateway's memory from outside
 (ptrace), so the gateway runs unchanged; sampling costs it nothing measurable.
@@ -43,10 +47,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m deploy.profile_gateway", description=__doc__.split("\n\n")[0],
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("fanout", "drain"), default="fanout")
+    parser.add_argument("--workload", choices=("fanout", "ingest", "latency", "drain"), default="fanout")
     parser.add_argument("--messages", type=int, default=5000, help="messages published (default 5000)")
     parser.add_argument("--subscribers", type=int, default=10, help="fan-out: subscribers (default 10)")
     parser.add_argument("--window", type=int, default=100, help="publish window and SET NOTIFY WINDOW (default 100)")
+    parser.add_argument("--pace", type=int, default=1000, help="latency: messages a second (default 1000)")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
     parser.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
     parser.add_argument("--out", default="bench-results/profile-gateway",
@@ -112,6 +117,11 @@ async def _workload(system, args) -> dict:
     say = lambda text: print(f"  {text}", flush=True)  # noqa: E731
     if args.workload == "fanout":
         return await workloads.fanout(system, "profile", args.subscribers, args.messages, args.window, 900, say)
+    if args.workload == "ingest":
+        return await workloads.ingest(system, "profile", args.messages, 8, args.window, 900)
+    if args.workload == "latency":
+        return await workloads.paced(system, "profile", args.pace, args.messages / args.pace, 60,
+                                     max(1000, 2 * args.pace), say)
     return await workloads.drain(system, "profile", args.messages, 8, args.window, 900, say)
 
 
@@ -140,15 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("py-spy is not installed: pip install -e '.[bench]'")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    subscribers = args.subscribers if args.workload == "fanout" else 1
+    subscribers = args.subscribers if args.workload == "fanout" else 0 if args.workload == "ingest" else 1
     with stopping_on_sigterm(), running_smqp(subscribers + 1, args.window) as system:
         print(f"stack up (logs in {system.stack.workdir}); {args.workload} with py-spy on the gateway ...", flush=True)
         result, seconds = asyncio.run(_sampled(system, args, out))
-    deliveries = result.get("deliveries") or result.get("delivered") or 0
+    deliveries = result.get("deliveries") or result.get("delivered") or result.get("published") or 0
     stacks = collapsed(out.with_suffix(".raw.txt").read_text().splitlines())
     report = table(stacks, args.rate, deliveries, args.top)
     header = (f"{args.workload}: {deliveries:,} deliveries in {seconds:.1f} s "
-              f"({result.get('deliveries_per_s') or result.get('msgs_per_s')}/s)\n")
+              f"({result.get('deliveries_per_s') or result.get('msgs_per_s') or result.get('delivered_per_s')}/s)\n")
     out.with_suffix(".txt").write_text(header + report + "\n")
     print(header + report)
     print(f"\nwritten: {out.with_suffix('.txt')}, {out.with_suffix('.raw.txt')} (collapsed stacks: "
