@@ -6,13 +6,30 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from delta_edge import rows_within
 from schemas.spark import DELIVERIES_TABLE, TABLES, arrow_schema
 
 
 def _commit(app_id: str, batch_id: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+
+
+def _holds_any(table: DeltaTable, rows: pa.Table, low: int, high: int) -> bool:
+    """Whether ``table`` holds a row of the ``(account, smuid)`` of any of ``rows``, whose SMUIDs run from
+    ``low`` to ``high``: read from the few files whose SMUID range may (``delta_edge.rows_within``).
+
+    Why: a batch's new deliveries are mostly of messages it brought, which no row can match; then
+    appending them is what merging does, at a third of its cost (on a 50-file table: 23 ms against
+    71; a quiet batch spent 91 ms p50 in all its commits).  But a new delivery may find its key
+    stored: a DELIVERY ONE message handed back to a subscriber that held it (``released`` there), or
+    one that waits again (``unrouted``); then only the merge keeps it one row."""
+    stored = rows_within(table, ["account", "smuid"], [("smuid", ">=", low), ("smuid", "<=", high)])
+    if not stored.num_rows:
+        return False
+    keys = set(zip(stored.column("account").to_pylist(), stored.column("smuid").to_pylist()))
+    return any(key in keys for key in zip(rows.column("account").to_pylist(), rows.column("smuid").to_pylist()))
 
 
 def _to_table(arrow: pa.Table, name: str) -> pa.Table:
@@ -60,9 +77,14 @@ class DeltaCommits:
         """Merge into ``deliveries`` (or ``unrouted``: the rows of account ``''``, same columns)."""
         if not arrow.num_rows or (table := self._uncommitted(name, batch_id)) is None:
             return
-        source = _to_table(arrow, name).append_column("is_new", arrow.column("is_new"))
-        smuids = source.column("smuid")
+        rows = _to_table(arrow, name)
+        smuids = rows.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        if pc.all(arrow.column("is_new")).as_py() and not _holds_any(table, rows, low, high):
+            # what the merge below would do (every row inserted), at a third of its cost
+            write_deltalake(table, rows, mode="append", commit_properties=_commit(self.app_id(name), batch_id))
+            return
+        source = rows.append_column("is_new", arrow.column("is_new"))
         columns = DELIVERIES_TABLE.fieldNames()
         (
             table.merge(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
@@ -186,6 +187,28 @@ def run_batch(spark, sink, batch_id, commands, offset=0) -> dict:
     out = sink.outputs(spark.createDataFrame(rows, KAFKA_RECORD), batch_id, T0)
     sink.commit_outputs(out, batch_id)
     return out
+
+
+def test_new_deliveries_no_row_matches_are_appended_the_others_merged(spark, tmp_path):
+    """New deliveries no stored row can match (most: of messages their batch brought) are appended
+    (~15-25 ms against a merge's ~60-70 on this host), with the same rows; a new delivery whose key is
+    stored (a DELIVERY ONE message handed back to a subscriber that held it: ``released`` there) is
+    merged, so it stays one row."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t", US0)])
+    run_batch(spark, sink, 1, [ev.Publish(1, "/t", "c1", "alice", "gp", US0 + 1),
+                               ev.Publish(2, "/t", "c2", "alice", "gp", US0 + 2, delivery="one")], offset=10)
+    deliveries = DeltaTable(sink.config.table_path("deliveries"))
+    assert deliveries.history(1)[0]["operation"] == "WRITE"
+    assert table_rows(sink, "deliveries") == [("bob", 1, "pending"), ("bob", 2, "pending")]
+
+    stored = deliveries.to_pyarrow_table().filter(pc.equal(deliveries.to_pyarrow_table().column("smuid"), 2))
+    released = stored.set_column(stored.schema.get_field_index("status"), "status", pa.array(["released"]))
+    sink._commit_deliveries(released.append_column("is_new", pa.array([False])), 2)
+    sink._commit_deliveries(stored.append_column("is_new", pa.array([True])), 3)  # handed back to bob
+    deliveries.update_incremental()
+    assert deliveries.history(1)[0]["operation"] == "MERGE"
+    assert table_rows(sink, "deliveries") == [("bob", 1, "pending"), ("bob", 2, "pending")]
 
 
 def delivered(out) -> list[tuple[str, int]]:
