@@ -497,7 +497,7 @@ def decode(raw: bytes | str) -> _Event:
     if raw[:2] == b'{"':  # what json.loads does with such bytes, without its encoding detection
         raw = raw.decode("utf-8", "surrogatepass")
     obj = json.loads(raw)
-    if _may_hold_a_surrogate(raw) and not _utf8(obj):
+    if _may_hold_a_surrogate(raw) and not encodes_as_utf8(json.dumps(obj, ensure_ascii=False)):
         raise ValueError(f"a string that is no UTF-8 (a lone surrogate) in {raw[:80]!r}")
     cls = EVENT_TYPES.get(obj.pop("type", None))
     if cls is None:
@@ -520,13 +520,17 @@ def _may_hold_a_surrogate(raw: bytes | str) -> bool:
     return not raw.isascii() or _SURROGATE_ESCAPE.search(raw) is not None
 
 
-def _utf8(obj) -> bool:
-    """Whether every string of ``obj`` encodes as UTF-8: a lone surrogate does not.
+def encodes_as_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: JSON's ``\\ud800`` escape decodes to a lone surrogate, which
+    does not.
 
-    Why: the job drops such a record (Arrow cannot hold the string: ``streaming.sink.decoding``), so a
-    gateway must not route it early, nor fold it; nor could it write it to a client."""
+    Why one definition: the job drops a record holding such a string (Arrow cannot hold it:
+    ``streaming.sink.decoding``), so a gateway must not fold it nor route it early (:func:`decode`);
+    nor could it write it to a client."""
+    if text.isascii():
+        return True
     try:
-        json.dumps(obj, ensure_ascii=False).encode()
+        text.encode()
     except UnicodeEncodeError:
         return False
     return True

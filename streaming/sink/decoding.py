@@ -11,6 +11,7 @@ from itertools import chain
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.events import encodes_as_utf8
 from schemas.spark import arrow_schema
 from streaming.routing.frames import EVENTS
 
@@ -150,7 +151,7 @@ def _fits(kind: pa.DataType, values: tuple | list) -> bool:
         return True
     types = set(map(type, values))
     if pa.types.is_string(kind):
-        return types == {str} and _utf8("".join(values))
+        return types == {str} and encodes_as_utf8("".join(values))
     if pa.types.is_signed_integer(kind):  # not a bool, nor a float, nor out of range
         bound = 1 << kind.bit_width - 1
         return types == {int} and -bound <= min(values) and max(values) < bound
@@ -161,17 +162,6 @@ def _fits(kind: pa.DataType, values: tuple | list) -> bool:
         return (types == {dict} and all(map(names.__eq__, map(tuple, values)))
                 and all(_fits(field.type, [value[field.name] for value in values]) for field in kind))
     return False  # a type not checked here: Arrow decides
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (JSON's ``\\ud800`` escape decodes to a lone surrogate, which does not)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _datetimes(stamps: pa.TimestampArray) -> list:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
@@ -202,7 +201,7 @@ def test_new_deliveries_no_row_matches_are_appended_the_others_merged(spark, tmp
     assert deliveries.history(1)[0]["operation"] == "WRITE"
     assert table_rows(sink, "deliveries") == [("bob", 1, "pending"), ("bob", 2, "pending")]
 
-    stored = deliveries.to_pyarrow_table().filter(pc.equal(deliveries.to_pyarrow_table().column("smuid"), 2))
+    stored = deliveries.to_pyarrow_table(filters=[("smuid", "=", 2)])
     released = stored.set_column(stored.schema.get_field_index("status"), "status", pa.array(["released"]))
     sink._commit_deliveries(released.append_column("is_new", pa.array([False])), 2)
     sink._commit_deliveries(stored.append_column("is_new", pa.array([True])), 3)  # handed back to bob
