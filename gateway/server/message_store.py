@@ -47,6 +47,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from delta_edge import dataset, rows_within
+from gateway.server.kept_reads import KEPT_BYTES, KeptReads
 from schemas.smuid import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
 from schemas.topics import trash_of
@@ -173,15 +174,19 @@ class MessageStore:
     ``messages_path`` / ``deliveries_path`` / ``trash_path``: the tables'
     locations (``SMQPConfig.table_path("messages")`` …; the Trash defaults to
     the ``trash`` table beside ``messages``).  ``deliveries`` is not read yet;
-    it is kept for queries about who has acknowledged what.  Safe to call from
-    several threads at once.
+    it is kept for queries about who has acknowledged what.  Reads of a table's
+    latest version are kept, up to ``kept_bytes`` in all, for the polls that
+    repeat them (:mod:`gateway.server.kept_reads`).  Safe to call from several
+    threads at once.
     """
 
-    def __init__(self, messages_path: str, deliveries_path: str, trash_path: str | None = None):
+    def __init__(self, messages_path: str, deliveries_path: str, trash_path: str | None = None,
+                 kept_bytes: int = KEPT_BYTES):
         self.messages_path = messages_path
         self.deliveries_path = deliveries_path
         self.trash_path = trash_path or str(Path(messages_path).with_name("trash"))
         self._lock = threading.Lock()
+        self._kept = KeptReads(kept_bytes)
         self._tables: dict[str, DeltaTable] = {}
         self._datasets: dict[str, tuple[int, ds.Dataset]] = {}  # table URI → (its version, its dataset)
 
@@ -201,6 +206,11 @@ class MessageStore:
         """``columns`` of ``table``'s rows of canonical ``topic``; with ``span`` (first, last), only those
         of SMUIDs between them, read from the files that may hold them (:func:`delta_edge.rows_within`).
         Call with the lock held."""
+        return self._kept.read(table.table_uri, table.version(), (tuple(columns), topic, span),
+                               lambda: self._read_files(table, columns, topic, span))
+
+    def _read_files(self, table: DeltaTable, columns: list[str], topic: str,
+                    span: tuple[int, int] | None) -> pa.Table:
         if span is not None:
             low, high = span
             return rows_within(table, columns, [("topic", "=", topic), ("smuid", ">=", low), ("smuid", "<=", high)])

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from gateway.server.message_store import COPIED_TO_TRASH, MessageStore, StoredMessage
@@ -261,3 +262,40 @@ def test_a_read_after_a_commit_or_a_deletion_sees_that_version(tmp_path):
     DeltaTable(str(tmp_path / "trash")).delete("smuid = 1")
     assert messages.smuids("/t/Trash") == [2]
     assert [m.smuid for m in messages.messages("/t", ACCEPTED + 1)] == [1]  # 2 is in the Trash
+
+
+def _spoil_every_file(table_path) -> None:
+    for uri in DeltaTable(str(table_path)).file_uris():
+        with open(uri, "wb") as spoiled:
+            spoiled.write(b"not parquet")
+
+
+def test_a_poll_of_an_unchanged_version_reads_no_file_again(tmp_path):
+    """A client polling GET / LIST / COUNT MESSAGE between two commits of the job is answered from
+    what the same read of that version returned (the files are not opened again), and still by the
+    clock of its own moment: a message that expired since is gone from the later poll."""
+    expiring = {**row(2, "/t"), "expires_at": datetime.fromtimestamp((ACCEPTED + 5_000_000) / 1e6, timezone.utc)}
+    append(tmp_path / "messages", row(1, "/t"), expiring, row(3, "/u"))
+    trash(tmp_path / "trash", trash_row(3, "/u"))
+    messages = store(tmp_path)
+    polls = lambda now: ([m.smuid for m in messages.messages("/t", now)], messages.smuids("/t", now),  # noqa: E731
+                         [m.smuid for m in messages.messages("/t", now, span=(1, 2))],
+                         [m.smuid for m in messages.messages("/u/Trash")])
+    assert polls(ACCEPTED) == ([1, 2], [1, 2], [1, 2], [3])
+
+    _spoil_every_file(tmp_path / "messages")
+    _spoil_every_file(tmp_path / "trash")
+    assert polls(ACCEPTED) == ([1, 2], [1, 2], [1, 2], [3])
+    assert polls(ACCEPTED + 6_000_000) == ([1], [1], [1], [3])
+
+
+def test_the_reads_kept_between_commits_are_bounded_in_bytes(tmp_path):
+    """A read too large to keep is read again from the files each time; the others are kept."""
+    big = Section([], b"x" * 4096)
+    append(tmp_path / "messages", *(row(n, "/big", [big]) for n in range(1, 51)), row(99, "/small"))
+    messages = MessageStore(str(tmp_path / "messages"), str(tmp_path / "deliveries"), kept_bytes=100_000)
+    assert len(messages.messages("/big")) == 50 and len(messages.messages("/small")) == 1
+    _spoil_every_file(tmp_path / "messages")
+    assert [m.smuid for m in messages.messages("/small")] == [99]
+    with pytest.raises((OSError, pa.ArrowInvalid)):  # read from the spoiled file again: it was not kept
+        messages.messages("/big")
