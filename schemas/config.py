@@ -105,6 +105,9 @@ class GatewayConfig:
     # routing it by the same rule the job applies, instead of waiting for the job's micro-batch; the job
     # still records every delivery.  Takes effect with one commands partition only.
     route_early: bool = True
+    # bytes of COUNT / LIST / GET MESSAGE reads of the Delta tables' latest versions kept for the polls
+    # that repeat them before the job's next commit (gateway.server.kept_reads); 0 = read the files each time
+    kept_read_bytes: int = 32 << 20
     # SIGTERM (a planned stop) tells clients NOTIFY SERVER BYE <this>, takes no new connection, serves
     # those it has this long (or until they left), then closes; 0 = BYE and close at once.  SIGINT
     # closes at once; ``python -m gateway.admin bye`` names its own grace
@@ -122,6 +125,8 @@ class GatewayConfig:
             raise ValueError(f"[gateway] shutdown_grace_s must not be negative, not {self.shutdown_grace_s}")
         if self.max_notify_window < 1:
             raise ValueError(f"[gateway] max_notify_window must be at least 1, not {self.max_notify_window}")
+        if self.kept_read_bytes < 0:
+            raise ValueError(f"[gateway] kept_read_bytes must not be negative, not {self.kept_read_bytes}")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,8 @@ class Gateway(RegistryFold, DeliveriesTail, HandOn, Shutdown):
                                  lockout_s=config.gateway.login_lockout_s, throttle_s=config.gateway.login_throttle_s)
         self.access = AccessList(config.ual)
         self.queue_params = functools.lru_cache(maxsize=4096)(TopicSettings(config.topics).resolve)
-        self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"))
+        self.messages = MessageStore(config.table_path("messages"), config.table_path("deliveries"),
+                                     kept_bytes=config.gateway.kept_read_bytes)
         self.new_smuid = SmuidFactory(config.gateway.node_id)
         self.sessions: dict[str, list[Connection]] = defaultdict(list)
         # farm-wide: the gateway nodes each account is logged in at, folded from partition 0

@@ -4,7 +4,8 @@ Clients poll: ``GET MESSAGE`` until a message is visible, ``LIST MESSAGE …/Tra
 ``COUNT`` for a dashboard.  The job commits a few times a second, the clients poll more often, and
 between two commits every poll read the same files again and got the same rows.  A read's result
 is immutable (a pyarrow table) and belongs to one version of one table, so it is kept until the
-table moves on, within a bound in bytes: a read larger than the whole bound is never kept.
+table moves on, within a bound in bytes (``[gateway] kept_read_bytes``, 32 MiB by default): a read
+larger than the whole bound is never kept.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from typing import Callable, Hashable
 
 import pyarrow as pa
 
-#: What a store keeps by default: a few hundred polls' answers, far below a gateway's other memory.
-KEPT_BYTES = 32 << 20
-
 
 class KeptReads:
     """The latest reads of each table at its latest version, least recently used dropped first.
@@ -25,7 +23,7 @@ class KeptReads:
     its lock held.
     """
 
-    def __init__(self, max_bytes: int = KEPT_BYTES):
+    def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self._reads: OrderedDict[tuple, pa.Table] = OrderedDict()
         self._versions: dict[str, int] = {}  # table URI → the version its kept reads are of
@@ -42,7 +40,7 @@ class KeptReads:
             self._reads.move_to_end(key)
             return rows
         rows = read()
-        if rows.nbytes <= self.max_bytes:
+        if 0 < self.max_bytes and rows.nbytes <= self.max_bytes:
             self._reads[key] = rows
             self._bytes += rows.nbytes
             while self._bytes > self.max_bytes:

@@ -47,7 +47,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from delta_edge import dataset, rows_within
-from gateway.server.kept_reads import KEPT_BYTES, KeptReads
+from gateway.server.kept_reads import KeptReads
+from schemas.config import GatewayConfig
 from schemas.smuid import EPOCH_MS, NODE_BITS, SEQUENCE_BITS
 from schemas.events import Deliver, Headers, Section
 from schemas.topics import trash_of
@@ -181,7 +182,7 @@ class MessageStore:
     """
 
     def __init__(self, messages_path: str, deliveries_path: str, trash_path: str | None = None,
-                 kept_bytes: int = KEPT_BYTES):
+                 kept_bytes: int = GatewayConfig.kept_read_bytes):
         self.messages_path = messages_path
         self.deliveries_path = deliveries_path
         self.trash_path = trash_path or str(Path(messages_path).with_name("trash"))

@@ -121,3 +121,10 @@ def test_compaction_by_file_count_is_50_by_default_0_for_off_and_never_negative(
     assert load_config(env={"SMQP_STREAMING_COMPACT_FILES": "0"}).streaming.compact_files == 0
     with pytest.raises(ValueError, match="compact_files"):
         load_config(env={"SMQP_STREAMING_COMPACT_FILES": "-1"})
+
+
+def test_kept_reads_are_32_mib_by_default_0_for_off_and_never_negative():
+    assert load_config(env={}).gateway.kept_read_bytes == 32 << 20
+    assert load_config(env={"SMQP_GATEWAY_KEPT_READ_BYTES": "0"}).gateway.kept_read_bytes == 0
+    with pytest.raises(ValueError, match="kept_read_bytes"):
+        load_config(env={"SMQP_GATEWAY_KEPT_READ_BYTES": "-1"})

@@ -299,3 +299,13 @@ def test_the_reads_kept_between_commits_are_bounded_in_bytes(tmp_path):
     assert [m.smuid for m in messages.messages("/small")] == [99]
     with pytest.raises((OSError, pa.ArrowInvalid)):  # read from the spoiled file again: it was not kept
         messages.messages("/big")
+
+
+def test_with_nothing_kept_every_poll_reads_the_files(tmp_path):
+    """``[gateway] kept_read_bytes = 0``: the operator's way to turn keeping off."""
+    append(tmp_path / "messages", row(1, "/t"))
+    messages = MessageStore(str(tmp_path / "messages"), str(tmp_path / "deliveries"), kept_bytes=0)
+    assert [m.smuid for m in messages.messages("/t")] == [1]
+    _spoil_every_file(tmp_path / "messages")
+    with pytest.raises((OSError, pa.ArrowInvalid)):
+        messages.messages("/t")
