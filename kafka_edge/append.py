@@ -21,12 +21,12 @@ from typing import NamedTuple
 
 import kafka.errors as Errors
 from kafka.partitioner.default import murmur2
-from kafka.protocol.producer import ProduceRequest
 
 from kafka_edge.cluster import Cluster
 from kafka_edge.connection import KafkaUnavailable, backoff
 from kafka_edge.records import encode_batch
 from kafka_edge.settings import ClientSettings
+from kafka_edge.wire import produce
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 512 * 1024
 #: How many keys' partitions a :class:`DurableLog` remembers (forgotten all at once beyond that).
 PARTITION_MEMORY = 65536
-#: The highest Produce version used: the last one naming topics by name (later ones use topic ids).
-PRODUCE_VERSION = 9
 
 
 class Appended(NamedTuple):
@@ -81,6 +79,7 @@ class DurableLog:
         self._settings = settings
         self._cluster = cluster
         self._topic = topic
+        self._topic_bytes = topic.encode()
         self._lanes = {p: _Lane(p) for p in partitions}
         self._keyed = sorted(partitions)
         self._partition_of: dict[bytes, int] = {}
@@ -211,14 +210,9 @@ class DurableLog:
         """One produce request; settles ``batch`` and returns None, or returns Kafka's error."""
         records = encode_batch([(record.key, record.value, record.headers) for record in batch],
                                int(time.time() * 1000))
-        topic_data = ProduceRequest.TopicProduceData
-        request = ProduceRequest(
-            acks=-1, timeout_ms=int(self._cluster.request_timeout * 1000), max_version=PRODUCE_VERSION,
-            topic_data=[topic_data(name=self._topic, partition_data=[topic_data.PartitionProduceData(
-                index=partition, records=records)])])
+        request = produce(self._topic_bytes, partition, records, int(self._cluster.request_timeout * 1000))
         connection = await self._cluster.leader(self._topic, partition, "append")
-        response = await connection.call(request, self._cluster.request_timeout + 1)
-        answer = response.responses[0].partition_responses[0]
+        answer = await connection.call(request, self._cluster.request_timeout + 1)
         if answer.error_code:
             return Errors.for_code(answer.error_code)(answer.error_message or "")
         for delta, record in enumerate(batch):

@@ -13,7 +13,7 @@ from kafka.record.memory_records import MemoryRecords
 
 from deploy.broker import KafkaBroker
 from kafka_edge import Appended, Cluster, DurableLog, Tail
-from kafka_edge.tail import FETCH_VERSION
+from kafka_edge.wire import FETCH_VERSION
 from schemas.config import KafkaConfig
 from tests.conftest import kafka_config
 
