@@ -1,9 +1,10 @@
 """The Kafka edge: durable appends and tails on asyncio.  It knows nothing of SMQP.
 
 The gateway and the streaming job both reach Kafka through it, neither through the other.
-All I/O runs in an asyncio event loop, on kafka-python's sans-I/O protocol layer (its request
-and response classes, ``KafkaProtocol`` framing) with record batches of our own encoding
-(:mod:`kafka_edge.records`): no client threads.  kafka-python's own ``KafkaProducer`` and
+All I/O runs in an asyncio event loop, with frames of our own (:mod:`kafka_edge.connection`),
+the produce and fetch requests and their answers written and read by hand (:mod:`kafka_edge.wire`),
+every other request by kafka-python's request and response classes, and record batches of our
+own encoding (:mod:`kafka_edge.records`): no client threads.  kafka-python's own ``KafkaProducer`` and
 ``KafkaConsumer`` run a sender or poll thread each; in a gateway with two producers and two
 consumers those threads and the loop took turns holding the GIL, and each append paid for the
 hand-over (measured on this machine: ~74 µs of CPU per record for ``KafkaProducer`` on its own,

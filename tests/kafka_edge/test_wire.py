@@ -3,14 +3,19 @@ bytes, the same reading of any answer kafka-python can write."""
 
 from __future__ import annotations
 
+import asyncio
+import struct
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from kafka_edge.connection import BrokerConnection, KafkaUnavailable
 from kafka_edge.wire import (FETCH, FETCH_VERSION, PRODUCE, PRODUCE_VERSION, Fetched, Produced, fetch_answer,
-                             fetch_request, produce_answer, produce_request, request_header)
+                             fetch_request, produce, produce_answer, produce_request, request_header)
 
 topics = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=200).map(str.encode)
 int32s = st.integers(0, 2**31 - 1)
@@ -97,3 +102,34 @@ def test_an_answer_cut_short_is_an_error_not_a_wrong_answer():
     whole = kafka_python_answer(response, 1)
     with pytest.raises((ValueError, IndexError)):
         produce_answer(whole[:-20])
+
+
+@pytest.mark.parametrize("answer", [
+    lambda cid: struct.pack(">ii", 4, cid + 1),  # an answer to another request
+    lambda cid: struct.pack(">iih", 6, cid, 0),  # a produce answer that ends before its topic
+    lambda cid: struct.pack(">i", -5),  # a frame of no size
+], ids=["other-correlation-id", "short-answer", "negative-size"])
+def test_a_broker_answering_nonsense_fails_the_request_and_closes(answer):
+    """A peer on the Kafka port that answers what no Kafka broker would (a real socket on
+    127.0.0.1): the append fails at once with KafkaUnavailable, nothing waits for its timeout."""
+
+    async def scenario():
+        async def broker(reader, writer):
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            request = await reader.readexactly(size)
+            writer.write(answer(struct.unpack_from(">i", request, 4)[0]))
+            await writer.drain()
+            await reader.read()  # until the client closes
+
+        server = await asyncio.start_server(broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, connection = await asyncio.get_running_loop().create_connection(
+            lambda: BrokerConnection("test"), "127.0.0.1", port)
+        started = time.monotonic()
+        with pytest.raises(KafkaUnavailable, match="bad response"):
+            await connection.call(produce(b"t", 0, b"records", 1000), timeout=30)
+        assert time.monotonic() - started < 5 and connection.closed
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
