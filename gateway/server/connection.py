@@ -30,7 +30,7 @@ from gateway.replies import NOT_FOUND, REQUEST_TIMEOUT, Reply, SERVICE_UNAVAILAB
 from gateway.server import remote
 from gateway.server.notify_channel import NotifyChannel
 from gateway.server.notifying import InFlight, Notice, Notifying
-from schemas.events import Ack
+from schemas.events import Ack, Publish
 
 if TYPE_CHECKING:  # annotations only: that module imports this one
     from gateway.server.gateway import Gateway
@@ -253,7 +253,10 @@ class Connection(Notifying):
         self.pipelines = self.pipelines or self.unsettled > 0
         linger = not awaited_alone and (self.pipelines or (ack is not None and self.session.notify_window > 1))
         self.unsettled += 1
-        future = self.gateway.log.append(action.key, action.event.to_bytes(), linger=linger)
+        record = action.event.to_bytes()
+        future = self.gateway.log.append(action.key, record, linger=linger)
+        if isinstance(action.event, Publish):
+            self.gateway.remember_own(record, action.event, future)
         return _PendingReply(future, action.reply, ack)
 
     def _make_control(self, action: Control) -> _PendingReply:

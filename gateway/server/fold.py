@@ -12,13 +12,15 @@ from gateway.server.feeds import RawPublish
 from gateway.protocol.headers import to_micros
 from gateway.protocol.rendering import render_server_timeout_notify, render_subscribers_notify, render_topic_notify
 from gateway.registry import SUBSCRIBERS_WATCH, SubscribersChanged, TOPIC_WATCH, TopicChanged
-from schemas.events import Deliver, PlannedShutdown, Subscribe, Sync, decode
+from schemas.events import Deliver, PlannedShutdown, Publish, Subscribe, Sync, decode
 
 log = logging.getLogger("smqp.gateway")
 
 
 #: The longest a gateway's UNTIL timer waits before it looks at the next UNTIL again (seconds).
 UNTIL_RECHECK_S = 3600.0
+#: Own publishes remembered between their append and their fold, at most (past it: forgotten, decoded).
+OWN_PUBLISHES_MAX = 100_000
 
 
 def _topics_named(change: TopicChanged | SubscribersChanged) -> list[str]:
@@ -27,6 +29,15 @@ def _topics_named(change: TopicChanged | SubscribersChanged) -> list[str]:
     if isinstance(change, TopicChanged) and change.action.startswith("RENAME "):
         return [change.topic, change.action[len("RENAME "):]]
     return [change.topic]
+
+
+def early_delivery(account: str, publish: Publish) -> Deliver:
+    """The delivery of ``publish`` to ``account`` a gateway routes early: what the job's ``Deliver``
+    of it will say."""
+    return Deliver(account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
+                   publish.accepted_at, publish.priority, publish.headers, publish.sections,
+                   expires_at=publish.expires_at, depth=publish.depth, hops=list(publish.hops),
+                   origin=publish.origin, origin_topic=publish.origin_topic)
 
 
 class RegistryFold:
@@ -43,7 +54,8 @@ class RegistryFold:
         for offset, event in records:
             if isinstance(event, RawPublish):
                 self.registry.apply(None, offset)
-                self._after_fold(offset, self._route_early, offset, event)
+                own = self._own_publishes.pop(event.value, None) if self._own_publishes else None
+                self._after_fold(offset, self._route_early, offset, event, own)
                 continue
             changes = self.registry.apply(event, offset)
             self._after_fold(offset, self._on_folded, event, changes, live)
@@ -143,7 +155,21 @@ class RegistryFold:
                 if all(connection.session.may_read(topic) for topic in named):
                     connection.notify(frame)
 
-    def _route_early(self, offset: int, raw: RawPublish) -> None:
+    def remember_own(self, record: bytes, publish: Publish, appended: asyncio.Future) -> None:
+        """Keep ``publish``, which a client of this gateway sent and whose ``record`` is being
+        appended, for the fold to route early without decoding the record back (~25 µs of the
+        ~410 a message published and delivered alone costs the gateway).  Only a DELIVERY ALL
+        publish the gateway may route early, to a topic someone may get it from now (a publish
+        nobody subscribed to costs nothing more); forgotten if its append fails."""
+        if not self.routes_early or publish.delivery != "all" or not self.registry.may_reach(publish.topic):
+            return
+        if len(self._own_publishes) >= OWN_PUBLISHES_MAX:
+            self._own_publishes.clear()
+        self._own_publishes[record] = publish
+        appended.add_done_callback(lambda done: done.cancelled() or done.exception() is None
+                                   or self._own_publishes.pop(record, None))
+
+    def _route_early(self, offset: int, raw: RawPublish, own: Publish | None = None) -> None:
         """NOTIFY a DELIVERY ALL message as soon as its publish is folded, ahead of the job.
 
         The fold has then seen exactly the subscriptions that precede the publish in the log,
@@ -154,12 +180,13 @@ class RegistryFold:
         ACK after its publish in the job's input.  Messages already expired, and DELIVERY ONE
         (the job picks the subscriber), are left to the job.  Another farm's link (an account of
         ``[federation] peers``) is a recipient only when the message's Depth and Hops let it go
-        there (:func:`schemas.topics.forwards`, the job's rule too)."""
+        there (:func:`schemas.topics.forwards`, the job's rule too).  ``own``: the publish itself,
+        when a client of this gateway sent it (:meth:`remember_own`)."""
         if (not (self.routes_early and self.handing_on) or offset < self.book.commands_offsets.get("0", 0)
                 or not self.registry.may_reach(raw.topic)):  # most publishes: decoded by nobody here
             return
         try:
-            publish = decode(raw.value)
+            publish = own or decode(raw.value)  # own: this gateway's, the very event its record encodes
         except (ValueError, TypeError, KeyError):
             return  # the job skips it too
         if publish.delivery != "all" or (publish.expires_at is not None and publish.expires_at <= to_micros(
@@ -167,11 +194,7 @@ class RegistryFold:
             return
         for account in self.registry.recipients(publish.topic, publish.accepted_at, publish.depth, publish.hops,
                                                 self.config.federation.peers):
-            deliver = self.book.speculate(Deliver(
-                account, publish.smuid, publish.topic, publish.cmuid, publish.account, publish.guid,
-                publish.accepted_at, publish.priority, publish.headers, publish.sections,
-                expires_at=publish.expires_at, depth=publish.depth, hops=list(publish.hops),
-                origin=publish.origin, origin_topic=publish.origin_topic))
+            deliver = self.book.speculate(early_delivery(account, publish))
             if deliver is not None:
                 self.metrics.routed_early.inc()
                 self._offer(deliver)

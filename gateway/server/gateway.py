@@ -55,7 +55,7 @@ from gateway.server.tls import notify_tls_context, tls_context
 from gateway.ual import AccessList
 from kafka_edge import Cluster, DurableLog, Tail
 from schemas.config import SMQPConfig
-from schemas.events import NodeReset
+from schemas.events import NodeReset, Publish
 from schemas.queue_params import TopicSettings
 
 log = logging.getLogger("smqp.gateway")
@@ -103,6 +103,9 @@ class Gateway(RegistryFold, DeliveriesTail, HandOn, Shutdown):
         self.metrics = GatewayMetrics(self)
         self.status: asyncio.base_events.Server | None = None  # the /metrics page, when status_port is set
         self._fold_waiters: list[tuple[int, asyncio.Future]] = []
+        # DELIVERY ALL publishes of this gateway's clients, by their record, from their append until
+        # the fold reaches them (:meth:`RegistryFold.remember_own`)
+        self._own_publishes: dict[bytes, Publish] = {}
         # the timer that wakes at the earliest UNTIL of a subscription still on (:meth:`_arm_until`), and that UNTIL
         self._until_timer: asyncio.TimerHandle | None = None
         self._until_due: int | None = None

@@ -146,7 +146,7 @@ def test_a_failure_reacting_to_one_control_record_does_not_stop_the_fold(gateway
     """A fault injected into the early routing of one publish (the adversarial run saw an error
     raised there once), with a CREATE TOPIC behind it in the same batch of the control tail: the
     CREATE is still folded, and a client waiting on it answered."""
-    def faulty(offset, raw):
+    def faulty(offset, raw, own=None):
         raise RuntimeError("injected fault")
 
     gateway.gateway._route_early = faulty
