@@ -17,11 +17,14 @@ from __future__ import annotations
 import struct
 from typing import Callable, NamedTuple
 
+from kafka_edge.records import read_uvarint, uvarint
+
 PRODUCE, PRODUCE_VERSION = 0, 9  # flexible (compact fields, tagged fields) from v9
 FETCH, FETCH_VERSION = 1, 11  # not flexible before v12
 
 _HEADER = struct.Struct(">hhih")  # api key, api version, correlation id, client id's length
 _ACKS_TIMEOUT = struct.Struct(">hi")
+_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _FETCH_HEAD = struct.Struct(">iiiibii")  # replica, max wait, min bytes, max bytes, isolation, session id, epoch
 _FETCH_PARTITION = struct.Struct(">iiqqi")  # partition, leader epoch, offset, log start offset, max bytes
@@ -48,18 +51,9 @@ def request_header(api_key: int, version: int, correlation_id: int, client_id: b
     return header + _NO_TAGS if flexible else header
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _compact(data: bytes) -> bytes:
     """A compact string or bytes: its length + 1 as an unsigned varint, then the data."""
-    return _uvarint(len(data) + 1) + data
+    return uvarint(len(data) + 1) + data
 
 
 def produce(topic: bytes, partition: int, records: bytes, timeout_ms: int) -> Encoded:
@@ -91,7 +85,7 @@ def fetch_request(topic: bytes, offsets: dict[int, int], max_wait_ms: int, min_b
     """The body of Fetch v11 for ``offsets`` (partition → offset) of one topic, no fetch session."""
     return b"".join((
         _FETCH_HEAD.pack(-1, max_wait_ms, min_bytes, max_bytes, 0, 0, -1),
-        _INT32.pack(1), struct.pack(">h", len(topic)), topic,
+        _INT32.pack(1), _INT16.pack(len(topic)), topic,
         _INT32.pack(len(offsets)),
         *(_FETCH_PARTITION.pack(partition, -1, offset, -1, partition_max_bytes) for partition, offset in offsets.items()),
         _INT32.pack(0),  # no forgotten topics
@@ -112,14 +106,8 @@ class _Reader:
         return values
 
     def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
+        value, self.pos = read_uvarint(self.data, self.pos)
+        return value
 
     def skip(self, size: int) -> None:
         if size < 0 or self.pos + size > len(self.data):
@@ -182,7 +170,7 @@ def fetch_answer(frame: bytes) -> tuple[int, list[Fetched]]:
     partitions: list[Fetched] = []
     (topics,) = reader.take(_INT32)
     for _ in range(topics):
-        (name_size,) = reader.take(struct.Struct(">h"))
+        (name_size,) = reader.take(_INT16)
         reader.skip(name_size)
         (count,) = reader.take(_INT32)
         for _ in range(count):

@@ -265,9 +265,7 @@ def test_a_read_after_a_commit_or_a_deletion_sees_that_version(tmp_path):
 
 
 def _spoil_every_file(table_path) -> None:
-    for uri in DeltaTable(str(table_path)).file_uris():
-        with open(uri, "wb") as spoiled:
-            spoiled.write(b"not parquet")
+    _spoil_files_beyond(table_path, -1)
 
 
 def test_a_poll_of_an_unchanged_version_reads_no_file_again(tmp_path):
