@@ -4,7 +4,9 @@
 the streaming query would hand them over, without Kafka or a running query: each batch holds
 ``--publishes`` publishes to topics ``--subscribers`` accounts subscribe to, the ACKs of the
 previous batch's deliveries and a tick, so it is a *simple* batch (:mod:`streaming.simple_batch`)
-and the Delta tables grow as they would.  It prints, per batch, the time to compute the outputs
+and the Delta tables grow as they would.  With ``--subscribe`` each batch also holds a SUBSCRIBE (of
+a new account, to a topic nobody publishes to), so the routing query routes it: a backlog arriving
+with a subscription change.  It prints, per batch, the time to compute the outputs
 (``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
 producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
@@ -44,10 +46,12 @@ def subscribe(config, accounts: list[str]) -> None:
                     mode="overwrite")
 
 
-def batch_events(index: int, publishes: int, accounts: list[str]) -> list:
-    """Batch ``index``: its publishes (a minute's Timeout), the ACKs of the previous batch's, a tick."""
+def batch_events(index: int, publishes: int, accounts: list[str], subscribe: bool = False) -> list:
+    """Batch ``index``: a SUBSCRIBE if ``subscribe``, its publishes (a minute's Timeout), the ACKs of the
+    previous batch's, a tick."""
     at = US0 + index * 1_000_000
-    events = [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
+    events = [ev.Subscribe(f"new{index}", f"g-new{index}", "/elsewhere", at - 1)] if subscribe else []
+    events += [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
                          expires_at=at + 60_000_000) for n in range(publishes)]
     if index:
         events += [ev.Ack(account, f"g-{account}", (index - 1) * publishes + n + 1, at + publishes + n)
@@ -71,15 +75,13 @@ def percentiles(values: list[float]) -> dict:
 
 
 def run(args) -> dict:
-    from pyspark.sql import SparkSession
-
+    from streaming.session import build_session
     from streaming.sink import CommandSink
 
     workdir = tempfile.mkdtemp(prefix="smqp-sink-bench-")
-    spark = (SparkSession.builder.master("local[1]").appName("sink-bench").config("spark.ui.enabled", "false")
-             .getOrCreate())
+    config = load_config(env={}, data_dir=f"{workdir}/data")
+    spark = build_session(config.streaming, app_name="sink-bench")  # the job's session, its settings
     try:
-        config = load_config(env={}, data_dir=f"{workdir}/data")
         accounts = [f"sub{n}" for n in range(args.subscribers)]
         subscribe(config, accounts)
         sink = CommandSink(config)
@@ -87,7 +89,7 @@ def run(args) -> dict:
         timings = []
         offset = 0
         for index in range(args.warmup + args.batches):
-            arrow = records(batch_events(index, args.publishes, accounts), offset)
+            arrow = records(batch_events(index, args.publishes, accounts, args.subscribe), offset)
             offset += arrow.num_rows
             started = time.perf_counter()
             out = sink.outputs(frame, index + 1, T0 + timedelta(seconds=index), arrow)
@@ -99,6 +101,7 @@ def run(args) -> dict:
             if (index + 1) % 20 == 0:
                 print(f"  {index + 1} batches", flush=True)
         return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
+                "subscribe": args.subscribe,
                 "outputs_ms": percentiles([t[0] for t in timings]),
                 "commit_ms": percentiles([t[1] for t in timings]),
                 "total_ms": percentiles([sum(t) for t in timings])}
@@ -115,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10, help="batches run first, not counted (default 10)")
     parser.add_argument("--publishes", type=int, default=200, help="publishes per batch (default 200)")
     parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2)")
+    parser.add_argument("--subscribe", action="store_true",
+                        help="a SUBSCRIBE in every batch: routed by the routing query, not on the driver")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:
         parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
     print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
-          f"(+ their ACKs), after {args.warmup} warm-up batches ...", flush=True)
+          f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}), after {args.warmup} warm-up batches ...",
+          flush=True)
     figures = run(args)
     for name in ("outputs_ms", "commit_ms", "total_ms"):
         print(f"{name:>11}: " + "  ".join(f"{k} {v:,}" for k, v in figures[name].items()))

@@ -84,6 +84,16 @@ log = logging.getLogger("streaming.sink")
 #: record of ~120 KB, well inside a fetch's 1 MiB a partition.
 ACKED_PER_RECORD = 2000
 
+#: A relation of the routing query above either bound goes to Spark as a local checkpoint (rows kept by
+#: its block manager, memory then disk), not as a LocalRelation.  Why: the optimiser copies a
+#: LocalRelation's rows for every Filter and Project over it (``ConvertToLocalRelation``), and the query
+#: reads its publishes in many places.  A SUBSCRIBE and 100,000 publishes of 200 bytes ran out of the
+#: job's 1 GiB heap while planning; checkpointed, it routed in 21 s (warm), and 20,000 in 4-6 s against
+#: 8-10 (``bench-results/routing-query-backlog/``).  Below them, planning cost the same either way
+#: (1,000-3,000 rows), and a checkpoint is one more Spark job for a batch that latency waits on.
+LOCAL_RELATION_ROWS = 1_000
+LOCAL_RELATION_BYTES = 4 << 20
+
 
 def _by_seq(records: pa.Table) -> pa.Table:
     """Kafka records in the order of the commands they answer."""
@@ -157,10 +167,15 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
 
     def _relation(self, spark: SparkSession, arrow: pa.Table, schema: StructType) -> DataFrame | str:
         """``arrow`` as a Spark frame, or, when it is empty, the SQL text of an empty relation
-        (no py4j round trips for the common case: nothing expires)."""
+        (no py4j round trips for the common case: nothing expires); a large one checkpointed
+        (:data:`LOCAL_RELATION_ROWS`).  Spark's ContextCleaner drops the checkpoint's blocks once
+        the frame is gone."""
         if not arrow.num_rows:
             return empty_sql(schema)
-        return spark.createDataFrame(arrow, schema=schema)
+        frame = spark.createDataFrame(arrow, schema=schema)
+        if arrow.num_rows > LOCAL_RELATION_ROWS or arrow.nbytes > LOCAL_RELATION_BYTES:
+            return frame.localCheckpoint()
+        return frame
 
     def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime,
                 records: pa.Table | None = None) -> dict[str, pa.Table]:

@@ -15,8 +15,10 @@ from schemas.spark import KAFKA_RECORD
 from streaming import routing
 from streaming.routing.commands import valid_events_sql
 from streaming.routing.receipts import receipt_rows_sql
+from streaming.routing.frames import EVENTS
 from streaming.routing.sql import run_sql
 from streaming.sink import CommandSink
+from streaming.sink.command_sink import LOCAL_RELATION_ROWS
 from streaming.sink.decoding import decode_records, events_by_kind
 from streaming.sink.query import OUTPUTS
 from streaming.sink.records import batch_now, nothing_to_route
@@ -523,3 +525,29 @@ def test_the_routing_query_reads_each_kind_of_event_from_a_relation_of_its_own()
     assert {kind: rows.column("type").to_pylist() for kind, rows in kinds.items()} == {
         "publish": ["publish"], "subscription": ["subscribe", "unsubscribe"], "ack": ["ack"], "nack": ["nack"]}
     assert kinds["ack"].column("kafka_offset").to_pylist() == [1]
+
+
+def test_a_backlog_batch_with_a_subscribe_is_routed_from_stored_rows_not_a_plan_holding_them(spark, tmp_path):
+    """A batch that must go through the routing query (a SUBSCRIBE) and holds a backlog of publishes: every
+    publish reaches the subscriber, and no relation of that size is handed to Spark as a LocalRelation.
+
+    Why: the optimiser copies a LocalRelation's rows for every Filter or Project over it, and the routing
+    query reads its publishes in many places.  SUBSCRIBE + 100,000 publishes so ran out of the job's 1 GiB
+    heap while planning (``bench-results/drain-oom-2026-11-29-4c3e5bf-job.log``)."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    backlog = LOCAL_RELATION_ROWS + 200
+    section = ev.Section([("Content-Type", "text/plain")], b"x" * 200)
+    commands = [ev.Subscribe("bob", "gb", "/q/backlog", US0)] + [
+        ev.Publish(100 + i, "/q/backlog", f"c{i}", "alice", "ga", US0 + 1 + i, sections=[section])
+        for i in range(backlog)]
+
+    out = run_batch(spark, sink, 1, commands)
+
+    assert sorted(delivered(out)) == [("bob", 100 + i) for i in range(backlog)]
+    publishes = events_by_kind(decode_records(pa.Table.from_pylist(
+        [{"value": c.to_bytes(), "timestamp": T0, "partition": 0, "offset": i} for i, c in enumerate(commands)])))
+    relation = sink._relation(spark, publishes["publish"], EVENTS)
+    assert relation._jdf.queryExecution().analyzed().getClass().getSimpleName() != "LocalRelation"
+    assert relation.count() == backlog
+    small = sink._relation(spark, publishes["publish"].slice(0, 10), EVENTS)  # small ones stay cheap to plan
+    assert small._jdf.queryExecution().analyzed().getClass().getSimpleName() == "LocalRelation"
