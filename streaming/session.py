@@ -26,7 +26,10 @@ LEAN_CONF: Mapping[str, str] = {
     "spark.driver.memory": "1g",
     # The whole heap is committed (and touched) at start, as a long-running service's is: the JVM's
     # resident memory is then what it will stay at, instead of creeping up to the 1g cap over minutes.
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Xss4m -Xms1g -XX:+AlwaysPreTouch",
+    # A JVM out of heap exits: the job then exits non-zero and smqp-local or systemd start it again on
+    # its checkpoint.  Without it, an OutOfMemoryError while planning a batch left the JVM half alive
+    # and the job up, routing nothing (bench-results/drain-oom-2026-11-29-4c3e5bf-job.log).
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Xss4m -Xms1g -XX:+AlwaysPreTouch -XX:+ExitOnOutOfMemoryError",
     "spark.sql.streaming.metricsEnabled": "false",
     # Each trigger writes the checkpoint's offset log and commit log through Hadoop's FileContext; on a
     # local disk its default (ChecksumFs) writes a ".crc" sidecar beside each file and renames both.

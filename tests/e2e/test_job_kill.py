@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from deploy.stack import process_tree
 from gateway.client import SMQPClient
 from tests.e2e.stack import GatewayThread, create_smqp_topics, stack_config
 from tests.e2e.test_walking_skeleton import wait_for_acked
@@ -76,5 +78,40 @@ def test_sigkill_of_the_streaming_job_mid_stream(broker, tmp_path):
             job.start()
             asyncio.run(scenario())
             assert wait_for_acked(config, 100, timeout=180) == (100, 100, 100)
+        finally:
+            job.stop()
+
+
+def _jvm_of(pid: int) -> int | None:
+    """The job's JVM: the ``java`` process among ``pid``'s descendants, once it is there."""
+    for child in process_tree(pid):
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == "java":
+                return child
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_a_job_whose_jvm_dies_exits_with_an_error_for_its_supervisor_to_restart(broker, tmp_path):
+    """The JVM alone dies (as it does on OutOfMemoryError, ``-XX:+ExitOnOutOfMemoryError``): the job must
+    not linger with nothing routing; it exits non-zero, and smqp-local or systemd start it again.
+
+    Why: a job whose driver ran out of heap stayed up, idle, while gateways kept accepting publishes
+    (``bench-results/drain-oom-2026-11-29-4c3e5bf-job.log``)."""
+    config = stack_config(broker, tmp_path)
+    job = JobProcess(config)
+    with GatewayThread(config) as gateway:
+        asyncio.run(create_smqp_topics(gateway.address, "/j/t"))
+        try:
+            job.start()
+            deadline = time.monotonic() + 180
+            while not (Path(config.checkpoint_dir) / "commits").is_dir() and time.monotonic() < deadline:
+                time.sleep(0.5)  # its query runs: it has committed its first batch
+            jvm = _jvm_of(job.process.pid)
+            assert jvm is not None, "the job started no JVM"
+            os.kill(jvm, signal.SIGKILL)
+            assert job.process.wait(90) != 0
         finally:
             job.stop()
