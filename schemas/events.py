@@ -123,6 +123,12 @@ class _Event:
             body[f.name] = value
         return body
 
+    @classmethod
+    def head(cls) -> bytes:
+        """How every encoded event of this type begins (``{"type":"<TYPE>"``): a record's type, told
+        without decoding it."""
+        return _layout(cls)[0].encode()
+
     def to_bytes(self) -> bytes:
         """:meth:`to_json` as compact JSON (``json.dumps`` with ``separators=(",", ":")``),
         rendered by hand: the gateway encodes every message it accepts and every ACK."""
@@ -398,7 +404,7 @@ class Tick(_Event):
 
 
 #: How every encoded :class:`Tick` begins (``{"type":"tick"``).
-_TICK_HEAD = _layout(Tick)[0].encode()
+_TICK_HEAD = Tick.head()
 
 
 @dataclass

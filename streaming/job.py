@@ -53,6 +53,7 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
         "bootstrap": kafka.bootstrap,
         "topic": kafka.commands_topic,
         "maxRecordsPerBatch": str(streaming.max_records_per_batch),
+        "maxRecordsPerQueryBatch": str(streaming.max_records_per_query_batch),
         "pollTimeoutMs": str(streaming.poll_timeout_ms),
         "deferWhileBusyMs": str(round(streaming.defer_while_busy_s * 1000)),
         "busyGapMs": str(streaming.busy_gap_ms),

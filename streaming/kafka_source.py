@@ -33,7 +33,9 @@ Options: ``bootstrap`` (required), ``topic`` (required),
 (2000: how long a read keeps polling while the broker is known to hold more
 data than it has returned), ``replayTimeoutMs`` (60000), ``metadataTimeoutMs``
 (10000: how long to wait for the topic to exist), ``deferWhileBusyMs`` (0: never),
-``busyGapMs`` (200), ``busyRate`` (commands a second; 0: any command is a burst).
+``busyGapMs`` (200), ``busyRate`` (commands a second; 0: any command is a burst),
+``maxRecordsPerQueryBatch`` (0: no bound; a batch holding a command the routing query must route
+ends this many records in: :meth:`KafkaStreamReader._query_batch_end`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from pyspark.sql.types import StructType
 from schemas.config import StreamingConfig
 from schemas.events import Tick
 from schemas.spark import KAFKA_RECORD, arrow_schema
+from streaming.simple_batch import NOT_SIMPLE_HEADS
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ _NUMERIC_OPTIONS = {"maxrecordsperbatch": "max_records", "polltimeoutms": "poll_
                     "catchuptimeoutms": "catch_up_timeout_ms", "replaytimeoutms": "replay_timeout_ms",
                     "metadatatimeoutms": "metadata_timeout_ms",
                     "deferwhilebusyms": "defer_while_busy_ms", "busygapms": "busy_gap_ms",
-                    "busyrate": "busy_rate"}
+                    "busyrate": "busy_rate", "maxrecordsperquerybatch": "max_records_per_query_batch"}
 
 
 def _records_to_batch(records: list, schema: pa.Schema) -> pa.RecordBatch:
@@ -114,7 +117,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
                  catch_up_timeout_ms: int = 2000, replay_timeout_ms: int = 60000,
                  metadata_timeout_ms: int = 10000,
                  defer_while_busy_ms: int = 0, busy_gap_ms: int = StreamingConfig.busy_gap_ms,
-                 busy_rate: int = 0):
+                 busy_rate: int = 0, max_records_per_query_batch: int = 0):
         self.bootstrap = bootstrap
         self.topic = topic
         self.max_records = max_records
@@ -125,6 +128,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         self.defer_while_busy_ms = defer_while_busy_ms
         self.busy_gap_ms = busy_gap_ms
         self.busy_rate = busy_rate
+        self.max_records_per_query_batch = max_records_per_query_batch
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow end offsets
         self._consumer = None  # created lazily, never pickled
         self._positions: dict[int, int] = {}  # where the live consumer stands, per partition
@@ -224,6 +228,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if limit > 0:
             self._poll(consumer, partitions, limit, kept)
             self._while_busy(consumer, partitions, limit, kept)
+            del kept[self._query_batch_end(kept):]
         end = dict(begin)
         for record in kept:
             end[record.partition] = max(end[record.partition], record.offset + 1)
@@ -246,12 +251,31 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self.defer_while_busy_ms <= 0 or self._target is not None or not self._burst(kept):
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
-        while len(kept) < limit and (left := deadline - time.monotonic()) > 0:
+        while len(kept) < limit and self._query_batch_end(kept) == len(kept) \
+                and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.busy_gap_ms / 1000, left))
             before = len(kept)
             self._poll(consumer, partitions, limit, kept)
             if _commands(islice(kept, before, None)) < self._gap_worth():
                 break
+
+    def _query_batch_end(self, kept: list) -> int:
+        """How many of ``kept`` this batch keeps: all, unless a command the routing query must route
+        (:data:`streaming.simple_batch.NOT_SIMPLE_HEADS`) is among them and they are more than
+        ``maxRecordsPerQueryBatch``.  Then the batch ends that many records in, or just before that
+        command when it comes later; the next batches read the rest again.
+
+        Why: the query's time grows with its rows (~2 s at 1,000, 4-6 s at 20,000, and 100,000 once
+        ran the driver's heap out), while a simple batch is routed on the driver.  A SUBSCRIBE that
+        came with a backlog held the whole backlog's routing up, 54 s in the drain benchmark."""
+        bound = self.max_records_per_query_batch
+        if bound <= 0 or len(kept) <= bound:
+            return len(kept)
+        first = next((n for n, record in enumerate(kept)
+                      if record.value is not None and record.value.startswith(NOT_SIMPLE_HEADS)), None)
+        if first is None:
+            return len(kept)
+        return first if first >= bound else bound
 
     def _gap_worth(self) -> int:
         """The commands a ``busyGapMs`` brings at ``busyRate`` (at least one)."""

@@ -27,7 +27,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from schemas.events import Acked
+from schemas.events import Acked, Nack, RemoveTopic, Subscribe, Unsubscribe
 from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
 
@@ -43,6 +43,12 @@ class Shape:
     subscriptions: bool = False  # a SUBSCRIBE or UNSUBSCRIBE
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
     receipts: bool = False  # a receipt may fall due
+
+
+#: How the records of the commands that make a batch not simple begin (:meth:`schemas.events._Event.head`):
+#: the job's reader ends a batch soon after one (``[streaming] max_records_per_query_batch``), so the
+#: routing query is not handed a backlog with it.
+NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, Unsubscribe, Nack, RemoveTopic))
 
 
 def is_simple(shape: Shape) -> bool:

@@ -364,3 +364,53 @@ def test_missing_topic_is_a_clear_error(broker):
             reader.initialOffset()
     finally:
         reader.stop()
+
+
+def job_reader(broker, topic: str):
+    """The reader as the job configures it by default (``source_options``)."""
+    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic})
+    return KafkaDataSource(source_options(config)[1]).simpleStreamReader(KAFKA_RECORD)
+
+
+def publishes(first: int, count: int) -> list[bytes]:
+    return [ev.Publish(first + n, "/q/backlog", f"c{n}", "alice", "ga", 1_000 + n).to_bytes() for n in range(count)]
+
+
+def read_all(reader) -> list[int]:
+    """The sizes of the batches the reader returns until it finds nothing more."""
+    sizes, offsets = [], reader.initialOffset()
+    while True:
+        batches, offsets = reader.read(offsets)
+        size = sum(batch.num_rows for batch in batches)
+        if not size:
+            return sizes
+        sizes.append(size)
+
+
+@pytest.mark.parametrize("before, after, batches", [
+    (0, 2_500, [2_000, 501]),  # a SUBSCRIBE and its backlog: the query routes 2,000, the driver the rest
+    (2_200, 300, [2_200, 301]),  # a long simple run first: the batch ends just before the SUBSCRIBE
+    (500, 800, [1_301]),  # within the bound: one batch
+])
+def test_a_batch_the_routing_query_must_route_ends_soon_after_its_subscribe(broker, before, after, batches):
+    """A SUBSCRIBE (which the routing query routes, in time growing with its rows) arriving with a
+    backlog does not make the whole backlog one batch for that query (``max_records_per_query_batch``,
+    2,000): a lone drain's first batch took 54 s so, and 100,000 rows once ran the driver out of heap."""
+    topic = new_topic(broker, partitions=1)
+    produce(broker, topic, publishes(1, before) + [ev.Subscribe("bob", "gb", "/q/backlog", 999).to_bytes()]
+            + publishes(before + 1, after), partitions=1)
+    reader = job_reader(broker, topic)
+    try:
+        assert read_all(reader) == batches
+    finally:
+        reader.stop()
+
+
+def test_a_backlog_of_publishes_alone_is_still_read_in_one_batch(broker):
+    topic = new_topic(broker, partitions=1)
+    produce(broker, topic, publishes(1, 2_500), partitions=1)
+    reader = job_reader(broker, topic)
+    try:
+        assert read_all(reader) == [2_500]
+    finally:
+        reader.stop()
