@@ -45,6 +45,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -102,6 +103,8 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     add("--cooldown", type=float, help="seconds of rest between runs (default 5; quick 2)")
     add("--timeout", type=float, default=900, help="bound on any one workload run, seconds (default 900)")
     add("--json", default="bench-results/compare.json", help="where to write the results")
+    add("--keep", action="store_true",
+        help="keep the servers' work directories (logs, Kafka's log, Delta tables; up to ~700 MB a run)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -354,7 +357,8 @@ def measure_all(args) -> dict:
         if "smqp" in args.systems:
             progress("starting our stack (Kafka, streaming job, gateway) ...")
             smqp = systems["smqp"] = servers.enter_context(running_smqp(accounts, args.notify_window))
-            progress(f"  up; logs in {smqp.stack.workdir}; our subscribers use {_window_text(args.notify_window)}")
+            progress(f"  up; logs in {smqp.stack.workdir}{_kept(args)}; "
+                     f"our subscribers use {_window_text(args.notify_window)}")
         if "rabbitmq" in args.systems:
             try:
                 from deploy import rabbit
@@ -363,13 +367,13 @@ def measure_all(args) -> dict:
             progress("starting RabbitMQ ...")
             rabbit_server = servers.enter_context(rabbit.running_rabbitmq(progress))
             systems["rabbitmq"] = rabbit.RabbitSystem(rabbit_server, args.rabbit_prefetch)
-            progress(f"  up on 127.0.0.1:{rabbit_server.port}; data and logs in {rabbit_server.workdir}")
+            progress(f"  up on 127.0.0.1:{rabbit_server.port}; data and logs in {rabbit_server.workdir}{_kept(args)}")
         versions = _versions(rabbit_server)
         results = asyncio.run(run_workloads(systems, args))
         peaks = {name: {process: peak_memory_mb(pid) for process, pid in system.processes().items()}
                  for name, system in systems.items()}
         progress("stopping the servers ...")
-    return {
+    report = {
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cores": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
@@ -378,6 +382,15 @@ def measure_all(args) -> dict:
         # after the stop: the job has flushed its last micro-batches' metrics
         "smqp_job_time": _job_time(smqp.stack, results) if smqp else {},
     }
+    if not args.keep:  # read above: the job's log and metrics table
+        for server in (smqp.stack if smqp else None, rabbit_server):
+            if server is not None:
+                shutil.rmtree(server.workdir, ignore_errors=True)
+    return report
+
+
+def _kept(args) -> str:
+    return "" if args.keep else " (removed at the end; --keep keeps them)"
 
 
 def _job_time(stack, results: dict) -> dict:

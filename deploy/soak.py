@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -94,10 +95,12 @@ async def soak(address, args) -> dict:
 def _measure(accounts: dict[str, str], args) -> dict:
     """The soak on a stack of its own, stopped however this ends."""
     with running_stack(accounts) as stack:
-        print(f"stack up (logs in {stack.workdir}); {args.publishers} publishers, {args.subscribers} subscribers, "
+        print(f"stack up (logs in {stack.workdir}{'' if args.keep else ', removed at the end'}); {args.publishers} publishers, {args.subscribers} subscribers, "
               f"{args.rate:g} msg/s for {args.duration:g} s ...", flush=True)
         result = asyncio.run(soak(stack.address, args))
         result["peak_memory_mb"] = {name: peak_memory_mb(child.pid) for name, child in stack.children.items()}
+    if not args.keep:
+        shutil.rmtree(stack.workdir, ignore_errors=True)
     return result
 
 
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=180, help="seconds of publishing (default 180)")
     parser.add_argument("--drain", type=float, default=180, help="seconds allowed to deliver the rest")
     parser.add_argument("--json", default="bench-results/soak.json", help="where to write the figures")
+    parser.add_argument("--keep", action="store_true", help="keep the stack's work directory (logs, Kafka, Delta)")
     args = parser.parse_args(argv)
     accounts = {f"{kind}{i}": f"{kind}{i}-pw" for kind, n in (("pub", args.publishers), ("sub", args.subscribers))
                 for i in range(n)}
