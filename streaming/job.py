@@ -23,6 +23,7 @@ from streaming.metrics import attach_metrics, flush_metrics
 from streaming.session import build_session
 from streaming.sink import CommandSink
 from streaming.ticker import Ticker
+from streaming.warm_up import warm_up
 
 log = logging.getLogger("streaming.job")
 
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_session(config.streaming, app_name=config.streaming.query_name)
     log.info("Spark master %s, application %s", spark.sparkContext.master, spark.sparkContext.applicationId)
+    if config.streaming.warm_up:
+        warm_up(spark, config)  # before the stream: its first batch, "ready" to smqp-local, can route
     sink = CommandSink(config)
     stopping = threading.Event()
 
