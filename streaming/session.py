@@ -23,13 +23,17 @@ LEAN_CONF: Mapping[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.driver.memory": "1g",
+    # 512 MiB, since the routing query's large relations are checkpointed and its batches bounded
+    # (command_sink.LOCAL_RELATION_ROWS, [streaming] max_records_per_query_batch): with 1g the job's
+    # peak RSS was 2,591-2,618 MiB, with 512m 2,070-2,082, throughput within the host's drift
+    # (bench-results/ab-heap-512m/); a 100,000-command routing-query batch still routes (30 s).
+    "spark.driver.memory": "512m",
     # The whole heap is committed (and touched) at start, as a long-running service's is: the JVM's
-    # resident memory is then what it will stay at, instead of creeping up to the 1g cap over minutes.
+    # resident memory is then what it will stay at, instead of creeping up to the cap over minutes.
     # A JVM out of heap exits: the job then exits non-zero and smqp-local or systemd start it again on
     # its checkpoint.  Without it, an OutOfMemoryError while planning a batch left the JVM half alive
     # and the job up, routing nothing (bench-results/drain-oom-2026-11-29-4c3e5bf-job.log).
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Xss4m -Xms1g -XX:+AlwaysPreTouch -XX:+ExitOnOutOfMemoryError",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Xss4m -Xms512m -XX:+AlwaysPreTouch -XX:+ExitOnOutOfMemoryError",
     "spark.sql.streaming.metricsEnabled": "false",
     # Each trigger writes the checkpoint's offset log and commit log through Hadoop's FileContext; on a
     # local disk its default (ChecksumFs) writes a ".crc" sidecar beside each file and renames both.
