@@ -18,10 +18,12 @@ KAFKA = {"bootstrap": "k1:9092,k2:9092", "commands_topic": "prod.commands"}
 
 def test_the_default_source_is_ours_over_kafka_python():
     config = load_config(env={}, kafka=KAFKA, streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20,
-                                                         "defer_while_busy_s": 1.5})
+                                                         "defer_while_busy_s": 1.5,
+                                                         "max_records_per_query_batch": 700})
     assert source_options(config) == ("smqp_kafka", {
-        "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000", "pollTimeoutMs": "20",
-        "deferWhileBusyMs": "1500", "busyGapMs": "200", "busyRate": "5000"})
+        "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000",
+        "maxRecordsPerQueryBatch": "700", "pollTimeoutMs": "20", "deferWhileBusyMs": "1500", "busyGapMs": "200",
+        "busyRate": "5000"})
 
 
 def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():
