@@ -59,15 +59,6 @@ def batch_events(index: int, publishes: int, accounts: list[str], subscribe: boo
     return events + [ev.Tick(at + 900_000)]
 
 
-def records(events: list, offset: int) -> pa.Table:
-    """``events`` as the Kafka records of a micro-batch."""
-    at = datetime.now(timezone.utc)
-    return pa.Table.from_pylist(
-        [{"key": None, "value": event.to_bytes(), "topic": "bench", "partition": 0, "offset": offset + n,
-          "timestamp": at, "timestampType": 0} for n, event in enumerate(events)],
-        schema=arrow_schema(KAFKA_RECORD))
-
-
 def percentiles(values: list[float]) -> dict:
     ordered = sorted(values)
     pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)  # noqa: E731
@@ -77,6 +68,7 @@ def percentiles(values: list[float]) -> dict:
 def run(args) -> dict:
     from streaming.session import build_session
     from streaming.sink import CommandSink
+    from streaming.warm_up import kafka_records
 
     workdir = tempfile.mkdtemp(prefix="smqp-sink-bench-")
     config = load_config(env={}, data_dir=f"{workdir}/data")
@@ -89,7 +81,8 @@ def run(args) -> dict:
         timings = []
         offset = 0
         for index in range(args.warmup + args.batches):
-            arrow = records(batch_events(index, args.publishes, accounts, args.subscribe), offset)
+            arrow = kafka_records(batch_events(index, args.publishes, accounts, args.subscribe),
+                                  datetime.now(timezone.utc), offset, topic="bench")
             offset += arrow.num_rows
             started = time.perf_counter()
             out = sink.outputs(frame, index + 1, T0 + timedelta(seconds=index), arrow)

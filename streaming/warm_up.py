@@ -40,11 +40,12 @@ def made_up_commands(at: int) -> list[ev._Event]:
             ev.Tick(at + 3)]
 
 
-def _records(commands: list[ev._Event], now: datetime) -> pa.Table:
-    """``commands`` as the Kafka records of a micro-batch."""
+def kafka_records(commands: list[ev._Event], at: datetime, offset: int = 0, topic: str = "warm-up") -> pa.Table:
+    """``commands`` as the Kafka records of a micro-batch (partition 0 from ``offset``, a microsecond
+    apart from ``at``), as the stream hands them to the sink; ``deploy.sink_bench`` makes its too."""
     return pa.Table.from_pylist(
-        [{"key": None, "value": command.to_bytes(), "topic": "warm-up", "partition": 0, "offset": n,
-          "timestamp": now + timedelta(microseconds=n), "timestampType": 0} for n, command in enumerate(commands)],
+        [{"key": None, "value": command.to_bytes(), "topic": topic, "partition": 0, "offset": offset + n,
+          "timestamp": at + timedelta(microseconds=n), "timestampType": 0} for n, command in enumerate(commands)],
         schema=arrow_schema(KAFKA_RECORD))
 
 
@@ -56,7 +57,7 @@ def warm_up(spark: SparkSession, config: SMQPConfig) -> CommandSink:
     with tempfile.TemporaryDirectory(prefix="smqp-warm-up-") as scratch:
         sink = CommandSink(dataclasses.replace(config, data_dir=scratch))
         at = int(now.timestamp() * 1_000_000)
-        sink.outputs(spark.createDataFrame([], KAFKA_RECORD), 0, now, _records(made_up_commands(at), now))
+        sink.outputs(spark.createDataFrame([], KAFKA_RECORD), 0, now, kafka_records(made_up_commands(at), now))
     log.info("routing query warmed up in %.1f s (planning %.0f ms, running %.0f ms)",
              time.monotonic() - started, sink.query_ms["plan"], sink.query_ms["run"])
     return sink
