@@ -63,6 +63,27 @@ Offsets = dict[str, int]
 MAX_PARTITION_FETCH_BYTES = 16 << 20
 
 
+class _QueryCommandScan:
+    """Where the first command the routing query must route stands in one read's ``kept``.
+
+    ``kept`` only grows while a burst is deferred, and the reader asks after every poll: each
+    call scans only the records added since the last (a full scan was ~15 ms per 100,000
+    records, asked up to ~15 times a burst)."""
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        self.first: int | None = None
+
+    def first_in(self, kept: list) -> int | None:
+        """The index of the first record of ``kept`` that starts with a ``NOT_SIMPLE_HEADS``."""
+        if self.first is None:
+            self.first = next((n for n in range(self.scanned, len(kept))
+                               if kept[n].value is not None and kept[n].value.startswith(NOT_SIMPLE_HEADS)),
+                              None)
+            self.scanned = len(kept)
+        return self.first
+
+
 class KafkaSourceError(RuntimeError):
     """The topic cannot be read as asked (missing topic, replay range unavailable …)."""
 
@@ -226,9 +247,10 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             limit = min(limit, sum(max(0, self._target.get(p, 0) - begin[p]) for p in partitions))
         kept: list = []
         if limit > 0:
+            scan = _QueryCommandScan()
             self._poll(consumer, partitions, limit, kept)
-            self._while_busy(consumer, partitions, limit, kept)
-            del kept[self._query_batch_end(kept):]
+            self._while_busy(consumer, partitions, limit, kept, scan)
+            del kept[self._query_batch_end(kept, scan):]
         end = dict(begin)
         for record in kept:
             end[record.partition] = max(end[record.partition], record.offset + 1)
@@ -239,7 +261,8 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             return iter([]), offsets
         return iter([_records_to_batch(kept, _ARROW_SCHEMA)]), offsets
 
-    def _while_busy(self, consumer, partitions: list[int], limit: int, kept: list) -> None:
+    def _while_busy(self, consumer, partitions: list[int], limit: int, kept: list,
+                    scan: _QueryCommandScan) -> None:
         """Go on adding to ``kept`` while a burst of commands lasts (``deferWhileBusyMs``).
 
         A read whose commands came at ``busyRate`` a second or faster (:meth:`_burst`) polls again
@@ -251,7 +274,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if self.defer_while_busy_ms <= 0 or self._target is not None or not self._burst(kept):
             return
         deadline = time.monotonic() + self.defer_while_busy_ms / 1000
-        while len(kept) < limit and self._query_batch_end(kept) == len(kept) \
+        while len(kept) < limit and self._query_batch_end(kept, scan) == len(kept) \
                 and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.busy_gap_ms / 1000, left))
             before = len(kept)
@@ -259,7 +282,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             if _commands(islice(kept, before, None)) < self._gap_worth():
                 break
 
-    def _query_batch_end(self, kept: list) -> int:
+    def _query_batch_end(self, kept: list, scan: _QueryCommandScan) -> int:
         """How many of ``kept`` this batch keeps: all, unless a command the routing query must route
         (:data:`streaming.simple_batch.NOT_SIMPLE_HEADS`) is among them and they are more than
         ``maxRecordsPerQueryBatch``.  Then the batch ends that many records in, or just before that
@@ -271,8 +294,7 @@ class KafkaStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         bound = self.max_records_per_query_batch
         if bound <= 0 or len(kept) <= bound:
             return len(kept)
-        first = next((n for n, record in enumerate(kept)
-                      if record.value is not None and record.value.startswith(NOT_SIMPLE_HEADS)), None)
+        first = scan.first_in(kept)
         if first is None:
             return len(kept)
         return first if first >= bound else bound

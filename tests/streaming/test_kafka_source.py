@@ -414,3 +414,23 @@ def test_a_backlog_of_publishes_alone_is_still_read_in_one_batch(broker):
         assert read_all(reader) == [2_500]
     finally:
         reader.stop()
+
+
+def test_a_subscribe_a_later_poll_of_the_same_read_brings_still_ends_the_batch():
+    """While a burst is deferred, ``kept`` grows poll by poll and the reader asks after each where the
+    batch ends; it scans only what the last poll added, and must still find a SUBSCRIBE there after
+    earlier polls brought none (no broker: the reader's cut alone, on records as Kafka gives them)."""
+    from types import SimpleNamespace
+
+    from streaming.kafka_source import _QueryCommandScan
+
+    config = load_config(env={}, kafka={"bootstrap": "127.0.0.1:9", "commands_topic": "unused"})
+    reader = KafkaDataSource(source_options(config)[1]).simpleStreamReader(KAFKA_RECORD)
+    kept = [SimpleNamespace(value=value) for value in publishes(1, 2_100)]
+    scan = _QueryCommandScan()
+    assert reader._query_batch_end(kept, scan) == 2_100
+    kept += [SimpleNamespace(value=None), SimpleNamespace(value=ev.Subscribe("bob", "gb", "/q/backlog", 999).to_bytes())]
+    kept += [SimpleNamespace(value=value) for value in publishes(2_101, 50)]
+    assert reader._query_batch_end(kept, scan) == 2_101  # just before the SUBSCRIBE
+    kept.append(SimpleNamespace(value=ev.Nack("bob", "gb", 1, 1_001, 5).to_bytes()))
+    assert reader._query_batch_end(kept, scan) == 2_101
