@@ -58,7 +58,7 @@ from deploy.smqp_adapter import running_smqp
 from deploy.broker import kafka_version
 from deploy.compare_report import (LABELS, batch_stats, comparison_rows, jsonable, memory_rows, render_table,
                                    sink_stats, summarize)
-from deploy.stack import cpu_seconds, peak_memory_mb, stopping_on_sigterm
+from deploy.stack import cpu_seconds, host_cpu_ticks, peak_memory_mb, steal_percent, stopping_on_sigterm
 from gateway.server.main import GC_THRESHOLDS
 
 WORKLOADS = ("ingest", "latency", "burst", "fanout", "drain", "soak")
@@ -165,6 +165,8 @@ def headline(workload: str, result: dict) -> str:
         text += "; CPU µs/msg: " + ", ".join(f"{name} {us:,}" for name, us in per.items())
     if result.get("settled_after_s"):
         text += f"; job done {result['settled_after_s']} s later"
+    if "steal_pct" in result:
+        text += f"; host steal {result['steal_pct']} %"
     return text
 
 
@@ -205,13 +207,14 @@ async def measure(workload: str, run: int, name: str, system, args) -> dict:
     progress(f"{workload} run {run}/{args.runs}: {LABELS[name]} ...")
     dest = f"{workload}_r{run}"
     before, load, started = await _ack_cycle(system), os.getloadavg()[0], time.time()
-    cpu_before = cpu_reading(system)
+    cpu_before, host_before = cpu_reading(system), host_cpu_ticks()
     try:
         result = await _run(workload, system, dest, args, say)
     except Exception as error:  # noqa: BLE001 - recorded, and the other runs go on
         result = {"error": f"{type(error).__name__}: {error}"}
     else:
         result["cpu_s"] = {name: round(seconds - cpu_before[name], 2) for name, seconds in cpu_reading(system).items()}
+        result["steal_pct"] = steal_percent(host_before, host_cpu_ticks())
     if result.get("published"):
         with contextlib.suppress(Exception):
             result["settled_after_s"] = round(await system.settle(dest, result["published"], args.timeout), 1)

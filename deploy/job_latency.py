@@ -58,6 +58,7 @@ from typing import Iterable, Mapping
 from deploy.compare_report import jsonable, latency_summary
 from deploy.job_latency_report import (cell, committed_batch, medians, parse_sink_line, render_medians, render_table,
                                        sink_figures, spark_figures, started_within)
+from deploy.stack import host_cpu_ticks, steal_percent
 
 SOURCES = ("python", "kafka")
 T_VIS, T_ONE, T_EXP, T_LOAD = "/lat/vis", "/lat/one", "/lat/exp", "/lat/load"
@@ -374,10 +375,10 @@ async def measure(stack, args) -> dict:
             await asyncio.sleep(2)
         say(f"quiet: {args.samples} samples of each probe, taking turns, one every "
             f"{args.gap[0]:g}-{args.gap[1]:g} s ...")
-        before, start = os.getloadavg()[0], time.time()
+        before, start, host_before = os.getloadavg()[0], time.time(), host_cpu_ticks()
         samples = await probes.run(args.samples, math.inf, interleaved=True)
         phases["quiet"] = {"window": [start, time.time()], "load_avg_1m": [before, os.getloadavg()[0]],
-                           "samples": samples}
+                           "steal_pct": steal_percent(host_before, host_cpu_ticks()), "samples": samples}
         say("  " + headline(samples))
         phases["quiet"]["caught_up_after_s"] = await catch_up(probes, "the quiet phase")
         say(f"load: {args.rate:g} msg/s for {args.load_seconds:g} s, {args.samples} samples of each probe "
@@ -409,7 +410,7 @@ async def loaded_phase(stack, probes: Probes, args, seconds: float, count: int, 
         started = await load.receive("started", 120)
         before = os.getloadavg()[0]
         await asyncio.sleep(settle)
-        window_start = time.time()
+        window_start, host_before = time.time(), host_cpu_ticks()
         left = max(0.0, started + seconds - window_start)
         stop_at = time.monotonic() + left
         # each probe's samples spread over what is left of the load (never closer than --gap)
@@ -419,7 +420,7 @@ async def loaded_phase(stack, probes: Probes, args, seconds: float, count: int, 
     if "error" in result:
         raise RuntimeError(f"the load generator failed: {result['error']}")
     return {"window": [window_start, result["ended"]], "load_avg_1m": [before, os.getloadavg()[0]],
-            "samples": samples, "load": result}
+            "steal_pct": steal_percent(host_before, host_cpu_ticks()), "samples": samples, "load": result}
 
 
 def headline(samples: Mapping[str, list[Sample]]) -> str:
@@ -491,7 +492,7 @@ def analyse(stack, phases: dict, batches: list[dict]) -> dict:
             sample.committed = trash.get(sample.smuid)
         routed = started_within(batches, *phase["window"])  # batches with a sink line: they routed something
         out[name] = {
-            "window": phase["window"], "load_avg_1m": phase["load_avg_1m"],
+            "window": phase["window"], "load_avg_1m": phase["load_avg_1m"], "steal_pct": phase.get("steal_pct"),
             "visibility_get": latencies(samples["visibility"], "seen"),
             "visibility_delta": latencies(samples["visibility"], "committed"),
             "delivery_one": latencies(samples["delivery_one"], "seen"),

@@ -198,6 +198,8 @@ def report_rows(run: Mapping) -> list[tuple[str, str, str]]:
             caught = result["caught_up_after_s"]
             rows.append((f"{phase}: job caught up after it, s", "", "not in 300 s" if caught is None else f"{caught}"))
         rows.append((f"{phase}: load avg 1m start -> end", "", " -> ".join(f"{v:.2f}" for v in result["load_avg_1m"])))
+        if result.get("steal_pct") is not None:
+            rows.append((f"{phase}: host CPU stolen by the hypervisor, %", "", f"{result['steal_pct']}"))
     return rows
 
 

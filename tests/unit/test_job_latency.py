@@ -110,7 +110,14 @@ def _phase(p99, fast_pct):
     sink = sink_figures([batch(0, 100, 200 if fast_pct else 400, 100)])
     return {"visibility_get": summary, "visibility_delta": summary, "delivery_one": summary, "expiry_list": summary,
             "expiry_delta": summary, "publish": summary, "sink": sink, "spark": spark_figures([]),
-            "load_avg_1m": [1.0, 2.0]}
+            "load_avg_1m": [1.0, 2.0], "steal_pct": 31.0 if fast_pct else 2.5}
+
+
+def test_the_table_says_how_much_cpu_the_host_stole_in_each_phase():
+    table = render_table([{"source": "python", "index": 1, "phases": {"quiet": _phase(900, True)}},
+                          {"source": "python", "index": 2, "phases": {"quiet": _phase(900, False)}}])
+    line = next(row for row in table.splitlines() if row.startswith("quiet: host CPU stolen"))
+    assert "31.0" in line and "2.5" in line
 
 
 def test_the_table_puts_each_figure_beside_its_target_and_medians_are_per_source():
