@@ -9,7 +9,6 @@ gateways take it as any publish; the caller ACKs on the peer only once this retu
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from federation import inbound
@@ -22,6 +21,7 @@ from gateway.registry import Registry
 from kafka_edge import DurableLog
 from schemas.config import SMQPConfig
 from schemas.queue_params import TopicSettings
+from schemas.timefmt import now_micros
 
 log = logging.getLogger("smqp.federation")
 
@@ -84,7 +84,7 @@ class Forwarder:
         try:
             params = self.topic_settings.resolve(outbound.topic)
             publish = inbound.to_publish(
-                message, outbound, smuid=self.new_smuid(), now=time.time_ns() // 1000,
+                message, outbound, smuid=self.new_smuid(), now=now_micros(),
                 server_timeout=params.timeout or self.registry.server_timeout,
                 delivery=self.registry.delivery(outbound.topic) or params.delivery, peer_domain=peer_domain)
             expires_at = publish.expires_at
@@ -93,4 +93,4 @@ class Forwarder:
         finally:
             self.seen.settle(key, appended, expires_at)
         self.metrics.forwarded.inc(link)
-        self.metrics.state(link).appended(message.created, time.time_ns() // 1000)
+        self.metrics.state(link).appended(message.created, now_micros())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 from gateway.registry import Registry
@@ -21,6 +20,7 @@ from gateway.server.feeds import RawPublish, control_tail
 from kafka_edge import Cluster, Tail
 from schemas.config import SMQPConfig
 from schemas.events import CreateTopic, RemoveTopic, RenameTopic, Subscribe, Unsubscribe
+from schemas.timefmt import now_micros
 from schemas.topics import is_account_topic
 
 log = logging.getLogger("smqp.federation")
@@ -48,7 +48,7 @@ def wanted_patterns(registry: Registry, excluded: set[str], now: int | None = No
     """The MESSAGE patterns subscribed here by accounts other than ``excluded`` (a peer's own link
     accounts), account topics aside (they are this farm's own), and those whose UNTIL passed by
     ``now`` (microseconds; the gateways end them by their clocks, appending nothing)."""
-    now = time.time_ns() // 1000 if now is None else now
+    now = now_micros() if now is None else now
     return {pattern for account, subscriptions in registry.subscriptions.items() if account not in excluded
             for pattern, subscription in subscriptions.items()
             if not is_account_topic(pattern.removesuffix("/*"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Mapping
 
 from federation.forwarder import Forwarder
@@ -27,6 +26,7 @@ from gateway.server.feeds import open_commands_log
 from gateway.server.remote import link_ssl, login_method, pull_login
 from kafka_edge import Cluster, DurableLog
 from schemas.config import LinkConfig, SMQPConfig
+from schemas.timefmt import now_micros
 
 log = logging.getLogger("smqp.federation")
 
@@ -56,7 +56,7 @@ class LinkProcess:
     async def start(self) -> None:
         self.cluster = Cluster(self.config.kafka, client_id="smqp-link")
         self.log = await open_commands_log(self.config.kafka, self.cluster)
-        self.seen = await rebuild(self.config.kafka, self.cluster, now=time.time_ns() // 1000,
+        self.seen = await rebuild(self.config.kafka, self.cluster, now=now_micros(),
                                   grace_us=round(self.config.federation.seen_grace_s * 1_000_000))
         log.info("%d forwarded messages here that may still come again", len(self.seen))
         self.fold = InterestFold(self.config, self.cluster)
@@ -79,7 +79,7 @@ class LinkProcess:
         """Keep the dedup set to what may still come again (:meth:`Seen.forget_dead`), once a minute."""
         while True:
             await asyncio.sleep(FORGET_EVERY_S)
-            if forgotten := self.seen.forget_dead(time.time_ns() // 1000):
+            if forgotten := self.seen.forget_dead(now_micros()):
                 log.debug("forgot %d forwarded messages that cannot come again", forgotten)
 
     def _backoff(self) -> Backoff:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import uuid
 
 from kafka import KafkaProducer
 
 from schemas.config import SMQPConfig, load_config
 from schemas.events import PlannedShutdown, SetServerTimeout
-from schemas.timefmt import parse_timeout
+from schemas.timefmt import now_micros, parse_timeout
 
 
 def _append_control(config: SMQPConfig, event) -> None:
@@ -39,7 +38,7 @@ def _append_control(config: SMQPConfig, event) -> None:
 def set_server_timeout(config: SMQPConfig, value: str) -> None:
     """Append the new default timeout to commands partition 0; raises if Kafka refuses."""
     parse_timeout(value)
-    _append_control(config, SetServerTimeout(uuid.uuid4().hex, value, time.time_ns() // 1000))
+    _append_control(config, SetServerTimeout(uuid.uuid4().hex, value, now_micros()))
 
 
 def plan_shutdown(config: SMQPConfig, node: int, grace: str) -> None:

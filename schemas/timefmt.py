@@ -10,6 +10,7 @@ negative value means a state message that never expires (``None`` here).
 from __future__ import annotations
 
 import re
+import time
 from functools import lru_cache
 from datetime import datetime, timedelta, timezone
 
@@ -20,6 +21,11 @@ def format_date_time(moment: datetime) -> str:
     """Render a UTC moment as ``DyyyymmddThhmmssffZ`` (hundredths of a second)."""
     moment = moment.astimezone(timezone.utc)
     return moment.strftime("D%Y%m%dT%H%M%S") + f"{moment.microsecond // 10000:02d}Z"
+
+
+def now_micros() -> int:
+    """The wall clock in microseconds since the epoch: the unit of every moment in our events."""
+    return time.time_ns() // 1000
 
 
 def format_micros(micros: int) -> str:

@@ -24,6 +24,7 @@ from typing import Iterable
 from kafka_edge import ThreadedLog
 from schemas.config import SMQPConfig
 from schemas.events import Tick
+from schemas.timefmt import now_micros
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Ticker:
         """Tick also at each of ``times_us`` (µs since the epoch, e.g. when deliveries expire), rounded
         up to :data:`ALARM_STEP_US`; one beyond :data:`ALARM_HORIZON_US` from now is left to the
         regular ticks."""
-        horizon = time.time_ns() // 1000 + ALARM_HORIZON_US
+        horizon = now_micros() + ALARM_HORIZON_US
         steps = {-(-at // ALARM_STEP_US) * ALARM_STEP_US for at in times_us if at <= horizon}
         if not steps:
             return
@@ -88,7 +89,7 @@ class Ticker:
         wait = next_regular - time.monotonic()
         with self._lock:
             if self._alarms:
-                wait = min(wait, (self._alarms[0] - time.time_ns() // 1000) / 1e6)
+                wait = min(wait, (self._alarms[0] - now_micros()) / 1e6)
         return max(wait, 0.0)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -107,7 +108,7 @@ class Ticker:
                         return
                 except Exception:  # noqa: BLE001 — e.g. the session is gone: so is the query
                     return
-                now = time.time_ns() // 1000
+                now = now_micros()
                 regular, alarm = time.monotonic() >= next_regular, self._due(now)
                 if regular:
                     next_regular = time.monotonic() + self.interval

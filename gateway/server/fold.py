@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from datetime import datetime, timezone
 
@@ -13,6 +12,7 @@ from gateway.protocol.headers import to_micros
 from gateway.protocol.rendering import render_server_timeout_notify, render_subscribers_notify, render_topic_notify
 from gateway.registry import SUBSCRIBERS_WATCH, SubscribersChanged, TOPIC_WATCH, TopicChanged
 from schemas.events import Deliver, PlannedShutdown, Publish, Subscribe, Sync, decode
+from schemas.timefmt import now_micros
 
 log = logging.getLogger("smqp.gateway")
 
@@ -126,13 +126,13 @@ class RegistryFold:
             self._until_timer.cancel()
         self._until_timer, self._until_due = None, until
         if until is not None:
-            delay = min(max(0.0, (until - time.time_ns() // 1000) / 1e6), UNTIL_RECHECK_S)
+            delay = min(max(0.0, (until - now_micros()) / 1e6), UNTIL_RECHECK_S)
             self._until_timer = asyncio.get_running_loop().call_later(delay, self._until_passed)
 
     def _until_passed(self) -> None:
         """End the subscriptions whose UNTIL passed; their topics' watchers get NOTIFY SUBSCRIBERS."""
         self._until_timer, self._until_due = None, None
-        for change in self.registry.end_subscriptions(time.time_ns() // 1000):
+        for change in self.registry.end_subscriptions(now_micros()):
             self._announce(change)
         self._arm_until()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from gateway.server.presence import Arrived, Left
 from schemas.events import Deliver, Nack, Presence
+from schemas.timefmt import now_micros
 
 log = logging.getLogger("smqp.gateway")
 
@@ -81,7 +81,7 @@ class HandOn:
 
         Best effort: a NACK lost to a Kafka outage only delays the Trash by one retry."""
         event = Nack(account=account, guid=guid or "", smuid=deliver.smuid,
-                     accepted_at=int(time.time() * 1_000_000),
+                     accepted_at=now_micros(),
                      max_retries=self.queue_params(deliver.topic).max_retries, reason=reason)
         future = self.log.append(account.encode("utf-8"), event.to_bytes(), linger=True)
         future.add_done_callback(lambda done: done.exception() and log.warning(

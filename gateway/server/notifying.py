@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schemas.events import Deliver
+from schemas.timefmt import now_micros
 
 if TYPE_CHECKING:  # annotations only: that module imports this one
     from gateway.server.notify_channel import NotifyChannel
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: that module imports this one
 def _dead(deliver: Deliver) -> bool:
     """Whether ``deliver``'s message has expired by now (this gateway's clock): it is never NOTIFYed
     from then on, nor sent again, whether or not the job has yet said so (its ``Acked`` expired)."""
-    return deliver.expires_at is not None and deliver.expired(time.time_ns() // 1000)
+    return deliver.expires_at is not None and deliver.expired(now_micros())
 
 
 class Notice(bytes):
