@@ -123,7 +123,8 @@ class KafkaBroker:
         # The serial collector, not G1: a one-node broker's young collections of a small heap are short,
         # and G1's own structures and barriers cost memory and CPU.  Alternating, 4 runs each of
         # ingest and latency: peak RSS 444-463 -> 349-358 MiB, CPU per message at 1,000 msg/s
-        # 345-479 -> 298-440 µs, NOTIFY latency within the host's drift (bench-results/ab-kafka-serial-gc/).
+        # 345-479 -> 298-440 µs, NOTIFY latency within the host's drift; the full comparison's heavier
+        # workloads still grow the heap to its cap (467 MiB peak) (bench-results/ab-kafka-serial-gc/).
         return ["java", f"-Xmx{heap}", "-Xms64m", "-XX:+UseSerialGC",
                 "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.directory / 'log4j2.properties'}",
