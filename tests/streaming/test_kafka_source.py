@@ -7,6 +7,7 @@ import pickle
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from kafka import KafkaProducer
@@ -16,7 +17,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD
 from streaming.job import source_options
-from streaming.kafka_source import KafkaDataSource, KafkaSourceError, KafkaStreamReader
+from streaming.kafka_source import KafkaDataSource, KafkaSourceError, KafkaStreamReader, _QueryCommandScan
 
 pytestmark = pytest.mark.e2e
 
@@ -420,10 +421,6 @@ def test_a_subscribe_a_later_poll_of_the_same_read_brings_still_ends_the_batch()
     """While a burst is deferred, ``kept`` grows poll by poll and the reader asks after each where the
     batch ends; it scans only what the last poll added, and must still find a SUBSCRIBE there after
     earlier polls brought none (no broker: the reader's cut alone, on records as Kafka gives them)."""
-    from types import SimpleNamespace
-
-    from streaming.kafka_source import _QueryCommandScan
-
     config = load_config(env={}, kafka={"bootstrap": "127.0.0.1:9", "commands_topic": "unused"})
     reader = KafkaDataSource(source_options(config)[1]).simpleStreamReader(KAFKA_RECORD)
     kept = [SimpleNamespace(value=value) for value in publishes(1, 2_100)]
