@@ -137,10 +137,11 @@ class StreamingConfig:
     # a burst the deferral waits out fits in one batch (≈ 3 s of this host's top rate of commands): a
     # full batch starts at once, and at 20,000 a fan-out's first batch ran while its NOTIFYs were going out
     max_records_per_batch: int = 100_000
-    # a batch holding a SUBSCRIBE, UNSUBSCRIBE, NACK or REMOVE TOPIC (routed by the routing query, whose
-    # time grows with its rows: ~2 s at 1,000, 4-6 s at 20,000) ends this many records in, or just before
-    # that command when it comes later; what follows is routed by the next batches, on the driver when
-    # simple.  A backlog arriving with a SUBSCRIBE waited 54 s whole.  0 = no bound (python source only)
+    # a batch holding a NACK, a REMOVE TOPIC or a SUBSCRIBE (which goes to the routing query when its SINCE
+    # clears; that query's time grows with its rows: ~2 s at 1,000, 4-6 s at 20,000) ends this many records
+    # in, or just before that command when it comes later; what follows is routed by the next batches, on
+    # the driver when simple.  A backlog arriving with a SUBSCRIBE waited 54 s whole.  0 = no bound
+    # (python source only)
     max_records_per_query_batch: int = 2_000
     poll_timeout_ms: int = 50
     # how long the job's appends to Kafka (deliveries, ticks) wait for it before a batch fails, and the

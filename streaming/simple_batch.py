@@ -1,4 +1,4 @@
-"""The common micro-batch, routed on the driver: publishes and ACKs, and nothing else to decide.
+"""The common micro-batch, routed on the driver: publishes, ACKs and (UN)SUBSCRIBEs.
 
 Why: Spark plans the routing query (:func:`streaming.sink.query.batch_sql`) anew for every micro-batch,
 and planning alone took 0.4-1.1 s of each (analysis and optimisation of ~26,000 characters of
@@ -8,9 +8,11 @@ messages and the ACKs of their subscribers; for those, the routing query reduces
 each publish's subscribers and a join of the ACKs, which this module does in Python over the
 batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
 
-A batch is *simple* (:func:`is_simple`) when it holds no (UN)SUBSCRIBE, NACK or REMOVE TOPIC
-and no receipt falls due: publishes (DELIVERY ONE ones too), ACKs and expiry into the Trash;
-everything else still goes to the routing query, which stays the definition.  Every output here
+A batch is *simple* (:func:`is_simple`) when it holds no NACK, no REMOVE TOPIC and no SUBSCRIBE
+whose SINCE clears what was routed before it, and no receipt falls due: publishes (DELIVERY ONE
+ones too), ACKs, SUBSCRIBEs and UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late
+subscribers included) and expiry into the Trash; everything else still goes to the routing query,
+which stays the definition.  Every output here
 equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
 it by property test.  The subscribers come from the rule the gateways route early by
 (:func:`schemas.topics.recipients`).
@@ -27,9 +29,10 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from schemas.events import Acked, Nack, RemoveTopic, Subscribe, Unsubscribe
+from schemas.events import Acked, Nack, RemoveTopic, Subscribe
 from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
+from streaming import simple_subscriptions as subs
 
 #: Everything :func:`route` decides, each as the routing query's output of that name.
 ROUTED = ("deliver", "acked", "expired", "messages", "trash", "deliveries", "subscriptions", "receipts")
@@ -40,39 +43,36 @@ class Shape:
     """What a batch holds beyond publishes and ACKs, as the sink's reads before routing found it."""
 
     nacks: bool = False
-    subscriptions: bool = False  # a SUBSCRIBE or UNSUBSCRIBE
+    clearing: bool = False  # a SUBSCRIBE whose SINCE clears deliveries pending or routed before it
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
     receipts: bool = False  # a receipt may fall due
 
 
-#: How the records of the commands that make a batch not simple begin (:meth:`schemas.events._Event.head`):
-#: the job's reader ends a batch soon after one (``[streaming] max_records_per_query_batch``), so the
-#: routing query is not handed a backlog with it.
-NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, Unsubscribe, Nack, RemoveTopic))
+#: How the records of the commands that may make a batch not simple begin (:meth:`schemas.events._Event.head`;
+#: a SUBSCRIBE does when its SINCE clears): the job's reader ends a batch soon after one
+#: (``[streaming] max_records_per_query_batch``), so the routing query is not handed a backlog with it.
+NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, Nack, RemoveTopic))
 
 
 def is_simple(shape: Shape) -> bool:
     """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
-    return not any((shape.nacks, shape.subscriptions, shape.removals, shape.receipts))
+    return not any((shape.nacks, shape.clearing, shape.removals, shape.receipts))
 
 
 def _valid(event: dict) -> bool:
-    """A publish or an ACK with the fields it needs (:data:`streaming.routing.commands._VALID`; other kinds
-    are not routed here)."""
+    """A publish, an ACK or a (UN)SUBSCRIBE with the fields it needs (:data:`streaming.routing.commands._VALID`;
+    other kinds are not routed here)."""
     if event["type"] == "publish":
         return None not in (event["account"], event["smuid"], event["topic"])
+    if event["type"] in ("subscribe", "unsubscribe"):
+        return None not in (event["account"], event["pattern"])
     return event["type"] == "ack" and None not in (event["account"], event["smuid"])
-
-
-def _position(event: dict) -> tuple:
-    seq = event["seq"]
-    return seq["timestamp"], seq["partition"], seq["offset"]
 
 
 def _first_per(events: list[dict], key) -> dict:
     """``key(event)`` → the first such event by position: a repeat in the batch counts once."""
     first: dict = {}
-    for event in sorted(events, key=_position):
+    for event in sorted(events, key=subs.position):
         first.setdefault(key(event), event)
     return first
 
@@ -126,27 +126,10 @@ def _lower(value: str | None, default: str) -> str:
     return (value if value is not None else default).lower()
 
 
-class _Subscribers:
-    """The active subscriptions before the batch, by pattern: who a publish reaches."""
-
-    def __init__(self, current: pa.Table, peers: Mapping[str, str]):
-        self._peers = peers
-        self._by_pattern: dict[str, list[tuple[str, int | None, int | None]]] = {}
-        since, until = (current.column(name).cast(pa.int64()).to_pylist() for name in ("since", "until"))
-        for account, pattern, since_at, until_at in zip(current.column("account").to_pylist(),
-                                                       current.column("pattern").to_pylist(), since, until):
-            self._by_pattern.setdefault(pattern, []).append((account, since_at, until_at))
-
-    def of(self, publish: dict) -> set[str]:
-        """The accounts ``publish`` reaches (:func:`schemas.topics.recipients`): another farm's link
-        (``[federation] peers``) only as the message's Depth and Hops allow."""
-        return recipients(publish["topic"], publish["accepted_at"], lambda pattern: self._by_pattern.get(pattern, ()),
-                          publish["depth"] or 0, publish["hops"] or (), self._peers)
-
-
 def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
           routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
-          peers: Mapping[str, str] = MappingProxyType({})) -> dict[str, list[dict]]:
+          peers: Mapping[str, str] = MappingProxyType({}), late_stored: pa.Table | None = None,
+          late_held: pa.Table | None = None) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``events`` its records, as :data:`routing.EVENTS` rows in
     Python (``streaming.sink.decoding.decoded_events``), ``current`` the active subscriptions before it
@@ -155,37 +138,50 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     ``new_may_expire``: whether a message of the batch may (``streaming.sink.records.may_expire``: when not,
     the query does not look for stored deliveries the batch routes again); ``one``: whether a
     publish may be DELIVERY ONE (``streaming.sink.records.has_delivery_one``: when not, none is treated so);
-    ``peers``: the ``[federation] peers`` (account → domain)."""
+    ``peers``: the ``[federation] peers`` (account → domain); ``late_stored`` and ``late_held``: the stored
+    messages the batch's SUBSCRIBEs may get and which of them their accounts hold
+    (``CommandSink.late_candidates``)."""
     events = [event for event in events if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
-    subscribers = _Subscribers(current, peers)
+    spans = subs.intervals(current, [e for e in events if e["type"] in ("subscribe", "unsubscribe")])
+    subscribed = subs.subscribers_at(spans)
     out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
+    out["subscriptions"] = subs.subscription_rows(spans, batch_id)
     routed: set[tuple[str, int]] = set()
     expiring: dict[int, list[str]] = {}  # smuid → the accounts whose delivery of it expires ('': nobody's)
+    unreached = []  # publishes that reached nobody and can expire
     for smuid, publish in publishes.items():
         out["messages"].append(_message_row(publish, batch_id))
-        reached = subscribers.of(publish)
+        at = subs.position(publish)
+        reached = recipients(publish["topic"], publish["accepted_at"], lambda pattern: subscribed(pattern, at),
+                             publish["depth"] or 0, publish["hops"] or (), peers)
         if one and reached and _lower(publish["delivery"], "all") == "one":
             reached = {min(reached, key=lambda account: pick_order(smuid, account))}
-        unguaranteed = _unguaranteed(publish["headers"])
         for account in sorted(reached):
             routed.add((account, smuid))
-            ack = acks.get((account, smuid))
-            out["deliveries"].append(_delivery_row(publish, account, ack, unguaranteed, batch_id, routed_at, now))
-            if not unguaranteed and ack is None and _expired(publish["expires_at"], now):
+            if _deliver(out, publish, account, acks, batch_id, routed_at, now):
                 expiring.setdefault(smuid, []).append(account)  # routed already expired: never sent
-                continue
-            if ack is None:
-                out["deliver"].append({"key": account.encode(), "value": _deliver_value(account, publish),
-                                       "seq": publish["seq"]})
-            if unguaranteed:  # settled as soon as sent: no ACK will come
-                out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid),
-                                     "seq": publish["seq"]})
         if not reached and publish["expires_at"] is not None:
+            unreached.append(publish)
+    taken = {smuid for _, smuid in routed}
+    held = set() if late_held is None else set(zip(late_held.column("account").to_pylist(),
+                                                   late_held.column("smuid").to_pylist()))
+    candidates = [{**publish, "delivery": _lower(publish["delivery"], "all"), "taken": smuid in taken}
+                  for smuid, publish in publishes.items()]
+    if late_stored is not None:
+        candidates += subs.stored_publishes(late_stored, set(publishes))
+    late = subs.late(spans, candidates, held | routed, now, pick_order, peers)
+    for given in late:  # never expired: late leaves those out
+        routed.add((given.account, given.message["smuid"]))
+        _deliver(out, {**given.message, "seq": given.seq}, given.account, acks, batch_id, routed_at, now)
+    late_smuids = {given.message["smuid"] for given in late}
+    out["deliveries"] += [{**_SETTLED, "account": "", "smuid": smuid, "status": "routed"} for smuid in late_smuids]
+    for publish in unreached:
+        if publish["smuid"] not in late_smuids:
             out["deliveries"].append(_unrouted_row(publish, batch_id, routed_at, now))
             if _expired(publish["expires_at"], now):
-                expiring.setdefault(smuid, []).append("")
+                expiring.setdefault(publish["smuid"], []).append("")
     for (account, smuid), ack in acks.items():
         out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid), "seq": ack["seq"]})
         if (account, smuid) not in routed:  # acknowledges a stored delivery (or none: then it updates nothing)
@@ -195,6 +191,25 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
         out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "expired"})
     _trash(out, expiring, stored, batch_id, now)
     return out
+
+
+def _deliver(out: dict[str, list[dict]], publish: dict, account: str, acks: dict, batch_id: int,
+             routed_at: datetime, now: int | None) -> bool:
+    """``publish`` routed to ``account`` (its ``seq`` the position the records answer): its delivery
+    row, its Deliver unless the batch acknowledges it, and its Acked when no ACK will come.  True
+    when it was expired already: never sent."""
+    smuid = publish["smuid"]
+    ack = acks.get((account, smuid))
+    unguaranteed = _unguaranteed(publish["headers"])
+    out["deliveries"].append(_delivery_row(publish, account, ack, unguaranteed, batch_id, routed_at, now))
+    if not unguaranteed and ack is None and _expired(publish["expires_at"], now):
+        return True
+    if ack is None:
+        out["deliver"].append({"key": account.encode(), "value": _deliver_value(account, publish),
+                               "seq": publish["seq"]})
+    if unguaranteed:  # settled as soon as sent: no ACK will come
+        out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid), "seq": publish["seq"]})
+    return False
 
 
 def _stored_expiring(pending: pa.Table, now: int | None, acks: dict, routed: set) -> list[tuple[str, int]]:

@@ -31,8 +31,8 @@ log = logging.getLogger("streaming.job")
 
 
 def made_up_commands(at: int) -> list[ev._Event]:
-    """A batch that needs the routing query, as the first ones after a start do: a SUBSCRIBE, a
-    publish it gets, the ACK, the job's clock.  (One that also NACKed and expired took 8 s even on a
+    """A batch like the first ones after a start: a SUBSCRIBE, a publish it gets, the ACK, the job's
+    clock (routed by the query here: :func:`warm_up`).  (One that also NACKed and expired took 8 s even on a
     warm JVM, against 3 s: longer than a start should wait.)"""
     return [ev.Subscribe("warm-up", "g-warm-up", "/warm-up/*", at),
             ev.Publish(1, "/warm-up/t", "c1", "warm-up-publisher", "g-p", at + 1, expires_at=at + 60_000_000),
@@ -55,7 +55,9 @@ def warm_up(spark: SparkSession, config: SMQPConfig) -> CommandSink:
     started = time.monotonic()
     now = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="smqp-warm-up-") as scratch:
-        sink = CommandSink(dataclasses.replace(config, data_dir=scratch))
+        # through the query even though the job would route this batch on the driver (simple_batch)
+        sink = CommandSink(dataclasses.replace(config, data_dir=scratch, streaming=dataclasses.replace(
+            config.streaming, simple_batches=False)))
         at = int(now.timestamp() * 1_000_000)
         sink.outputs(spark.createDataFrame([], KAFKA_RECORD), 0, now, kafka_records(made_up_commands(at), now))
     log.info("routing query warmed up in %.1f s (planning %.0f ms, running %.0f ms)",

@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 
 from kafka_edge import ThreadedLog
 from schemas.config import SMQPConfig
-from schemas.events import Acked, AckedBatch, Unsubscribe
+from schemas.events import Acked, AckedBatch
 from schemas.queue_params import TopicSettings
 from schemas.spark import arrow_schema
 from streaming import simple_batch
@@ -58,14 +58,12 @@ from streaming.sink.recent import RecentMessages
 from streaming.sink.records import (
     acked_smuids,
     acks_its_own_receipt_publish,
-    any_record,
     asks_for_receipt,
     batch_now,
     has_delivery_one,
     may_expire,
     nacked_keys,
     nothing_to_route,
-    of_type,
     progress_rows,
     publish_before_subscribe,
     published_before_removal,
@@ -228,9 +226,10 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         # of the stored messages that reached nobody, only those that asked for a receipt may be owed one
         asking = set(stored.filter(pc.is_in(stored.column("receipt"), pa.array(["one", "all"]))).column("smuid")
                      .to_pylist())
-        shape = simple_batch.Shape(nacks=bool(nacked), subscriptions=bool(subscribed) or any_record(
-            arrow_records, of_type(Unsubscribe.TYPE)), removals=bool(removed) or orphaned.num_rows > 0,
-            receipts=state.num_rows > 0 or bool(unreached & asking) or owed_now)
+        clearing = clearable.num_rows > 0 or (bool(sinced) and late)  # SINCE may withhold this batch's too
+        shape = simple_batch.Shape(nacks=bool(nacked), clearing=clearing,
+                                   removals=bool(removed) or orphaned.num_rows > 0,
+                                   receipts=state.num_rows > 0 or bool(unreached & asking) or owed_now)
         simple = self.config.streaming.simple_batches and simple_batch.is_simple(shape)
         # The records decoded once, here (every branch of the query would otherwise re-read the source): as
         # dicts for a batch routed in Python (no Arrow round trip), as an Arrow table for the routing query.
@@ -238,12 +237,12 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         started = time.monotonic()
         if simple:
             rows = simple_batch.route(decoded, self.active_subscriptions(), pending, stored, batch_id, routed_at, now,
-                                      new_may_expire=expiry[0], one=one, peers=self.config.federation.peers)
+                                      new_may_expire=expiry[0], one=one, peers=self.config.federation.peers,
+                                      late_stored=late_stored, late_held=late_held)
             out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
             self.query_ms = {"plan": 0.0, "run": (time.monotonic() - started) * 1000}
         else:
-            sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts, one, late,
-                            clearable.num_rows > 0 or (bool(sinced) and late),  # SINCE may withhold this batch's too
+            sql = batch_sql(batch_id, routed_at, now, expiry, bool(nacked), receipts, one, late, clearing,
                             orphaned.num_rows > 0, releases=retrying.num_rows > 0,
                             peers=self.config.federation.peers)
             # each kind of event a relation of its own (:func:`events_by_kind`)
