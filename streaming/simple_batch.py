@@ -164,14 +164,7 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
                 expiring.setdefault(smuid, []).append(account)  # routed already expired: never sent
         if not reached and publish["expires_at"] is not None:
             unreached.append(publish)
-    taken = {smuid for _, smuid in routed}
-    held = set() if late_held is None else set(zip(late_held.column("account").to_pylist(),
-                                                   late_held.column("smuid").to_pylist()))
-    candidates = [{**publish, "delivery": _lower(publish["delivery"], "all"), "taken": smuid in taken}
-                  for smuid, publish in publishes.items()]
-    if late_stored is not None:
-        candidates += subs.stored_publishes(late_stored, set(publishes))
-    late = subs.late(spans, candidates, held | routed, now, pick_order, peers)
+    late = _late(spans, publishes, routed, late_stored, late_held, now, peers)
     for given in late:  # never expired: late leaves those out
         routed.add((given.account, given.message["smuid"]))
         _deliver(out, {**given.message, "seq": given.seq}, given.account, acks, batch_id, routed_at, now)
@@ -191,6 +184,23 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
         out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "expired"})
     _trash(out, expiring, stored, batch_id, now)
     return out
+
+
+def _late(spans: list[subs.Interval], publishes: dict[int, dict], routed: set[tuple[str, int]],
+          late_stored: pa.Table | None, late_held: pa.Table | None, now: int | None,
+          peers: Mapping[str, str]) -> list[subs.Late]:
+    """What the batch's new subscribers get (:func:`simple_subscriptions.late`): its ``publishes``
+    and the stored messages, but what they hold or the batch ``routed`` to them already."""
+    if not any(interval.from_seq is not None for interval in spans):
+        return []  # no SUBSCRIBE: the common batch
+    taken = {smuid for _, smuid in routed}
+    held = set() if late_held is None else set(zip(late_held.column("account").to_pylist(),
+                                                   late_held.column("smuid").to_pylist()))
+    candidates = [{**publish, "delivery": _lower(publish["delivery"], "all"), "taken": smuid in taken}
+                  for smuid, publish in publishes.items()]
+    if late_stored is not None:
+        candidates += subs.stored_publishes(late_stored, set(publishes))
+    return subs.late(spans, candidates, held | routed, now, pick_order, peers)
 
 
 def _deliver(out: dict[str, list[dict]], publish: dict, account: str, acks: dict, batch_id: int,
