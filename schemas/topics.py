@@ -172,8 +172,14 @@ def recipients(topic: str, accepted_at: int | None,
         reached.add(owner)
     if peers:  # another farm's link (``[federation] peers``) gets what may be forwarded to it only
         hops = tuple(hops)
-        reached = {account for account in reached if account not in peers or forwards(peers[account], depth, hops)}
+        reached = {account for account in reached if may_receive(account, depth, hops, peers)}
     return reached
+
+
+def may_receive(account: str, depth: int, hops: Iterable[str], peers: Mapping[str, str]) -> bool:
+    """Whether ``account`` may get a message of ``depth`` and ``hops``: any account but another farm's
+    link (``[federation] peers``: account → domain), which only when :func:`forwards` allows."""
+    return account not in peers or forwards(peers[account], depth, hops)
 
 
 _DOMAIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?$")

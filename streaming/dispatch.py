@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
-from schemas.topics import TopicPattern, forwards
+from schemas.topics import TopicPattern, may_receive
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ def assign(offers: Iterable[Offer], subscribers: list[Subscriber], holdings: Hol
         if offer.picked is not None and free(offer.picked) > 0:
             holder = offer.picked
         else:
-            everyone = sorted({s.account for s in subscribers if s.takes(offer) and (
-                s.account not in peers or forwards(peers[s.account], offer.depth, offer.hops))} - holdings.gone)
+            everyone = sorted({s.account for s in subscribers if s.takes(offer)
+                               and may_receive(s.account, offer.depth, offer.hops, peers)} - holdings.gone)
             never_held = [a for a in everyone if (a, offer.smuid) not in holdings.released]
             options = [a for a in (never_held or everyone) if free(a) > 0]
             holder = max(options, key=lambda a: (free(a), _spread(offer.smuid, a))) if options else None

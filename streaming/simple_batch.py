@@ -196,11 +196,12 @@ def _late(spans: list[subs.Interval], publishes: dict[int, dict], routed: set[tu
     taken = {smuid for _, smuid in routed}
     held = set() if late_held is None else set(zip(late_held.column("account").to_pylist(),
                                                    late_held.column("smuid").to_pylist()))
-    candidates = [{**publish, "delivery": _lower(publish["delivery"], "all"), "taken": smuid in taken}
-                  for smuid, publish in publishes.items()]
+    candidates = [{**publish, "delivery": _lower(publish["delivery"], "all")} for publish in publishes.values()]
     if late_stored is not None:
         candidates += subs.stored_publishes(late_stored, set(publishes))
-    return subs.late(spans, candidates, held | routed, now, pick_order, peers)
+    alive = [message for message in candidates if not _expired(message["expires_at"], now)
+             and not (message["delivery"] == "one" and message["smuid"] in taken)]  # somebody got it
+    return subs.late(spans, alive, held | routed, pick_order, peers)
 
 
 def _deliver(out: dict[str, list[dict]], publish: dict, account: str, acks: dict, batch_id: int,

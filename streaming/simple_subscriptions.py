@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping
 
 import pyarrow as pa
 
-from schemas.topics import admits, candidate_patterns, forwards
+from schemas.topics import admits, candidate_patterns, covers, may_receive
 
 Position = tuple
 
@@ -54,12 +54,10 @@ class Interval:
 
 def _ends(closing: dict, interval: Interval) -> bool:
     """Whether the (UN)SUBSCRIBE ``closing`` ends ``interval``: a later one of its account, on its
-    pattern, or an UNSUBSCRIBE whose wildcard covers it (:func:`streaming.routing.subscriptions._covers`)."""
-    unsubscribed = closing["pattern"]
-    covers = unsubscribed == interval.pattern or (
-        closing["type"] == "unsubscribe" and unsubscribed.endswith("/*")
-        and interval.pattern.startswith(unsubscribed[:-1]))
-    return (closing["account"] == interval.account and covers
+    pattern, or an UNSUBSCRIBE that covers it (:func:`schemas.topics.covers`)."""
+    ends = (covers(closing["pattern"], interval.pattern) if closing["type"] == "unsubscribe"
+            else closing["pattern"] == interval.pattern)
+    return (closing["account"] == interval.account and ends
             and (interval.from_seq is None or position(closing) > interval.from_seq))
 
 
@@ -148,10 +146,6 @@ def _opened(spans: list[Interval]) -> list[Interval]:
     return [i for i in spans if i.from_seq is not None and i.to_seq is None and not i.redefines]
 
 
-def _may_receive(account: str, message: dict, peers: Mapping[str, str]) -> bool:
-    return account not in peers or forwards(peers[account], message["depth"] or 0, message["hops"] or ())
-
-
 @dataclass(frozen=True)
 class Late:
     """A message a late subscriber gets: ``message`` as a publish's decoded record, ``seq`` the SUBSCRIBE's."""
@@ -161,14 +155,14 @@ class Late:
     seq: dict
 
 
-def late(spans: list[Interval], candidates: list[dict], skip: set[tuple[str, int]], now: int | None,
+def late(spans: list[Interval], candidates: list[dict], skip: set[tuple[str, int]],
          pick_order: Callable[[int, str], tuple], peers: Mapping[str, str]) -> list[Late]:
     """What the subscriptions the batch starts get of the messages published before them
-    (:func:`streaming.routing.late.late`): ``candidates``, publishes of the batch and stored messages
-    (``seq`` None) as decoded publish records, each with ``taken``: a DELIVERY ONE message somebody
-    got in the batch.  Not expired at ``now``, within the SUBSCRIBE's SINCE/UNTIL, and not to an
-    (account, smuid) of ``skip`` (held, or routed in the batch).  A DELIVERY ONE message goes to one
-    new subscriber, the first by ``pick_order``."""
+    (:func:`streaming.routing.late.late`): of ``candidates``, publishes of the batch and stored messages
+    (``seq`` None) as decoded publish records that may still go to somebody (the caller leaves out the
+    expired ones and the DELIVERY ONE ones somebody got), those within the SUBSCRIBE's SINCE/UNTIL,
+    but not to an (account, smuid) of ``skip`` (held, or routed in the batch).  A DELIVERY ONE message
+    goes to one new subscriber, the first by ``pick_order``."""
     opened = _opened(spans)
     if not opened:
         return []
@@ -177,15 +171,13 @@ def late(spans: list[Interval], candidates: list[dict], skip: set[tuple[str, int
         by_pattern.setdefault(interval.pattern, []).append(interval)
     chosen: dict[tuple[str, int], tuple[Position, Interval, dict]] = {}
     for message in candidates:
-        if (now is not None and message["expires_at"] is not None and message["expires_at"] <= now) or (
-                message["delivery"] == "one" and message["taken"]):
-            continue
         at = None if message["seq"] is None else position(message)
         for pattern in candidate_patterns(message["topic"]):
             for s in by_pattern.get(pattern, ()):
                 key = (s.account, message["smuid"])
                 if ((at is None or at < s.from_seq) and admits(s.since, s.until, message["accepted_at"])
-                        and _may_receive(s.account, message, peers) and key not in skip
+                        and may_receive(s.account, message["depth"] or 0, message["hops"] or (), peers)
+                        and key not in skip
                         and (key not in chosen or s.from_seq < chosen[key][0])):
                     chosen[key] = (s.from_seq, s, message)
     picked: dict[int, str] = {}
@@ -210,6 +202,5 @@ def stored_publishes(stored: pa.Table, batch_smuids: set[int]) -> list[dict]:
                                                    _micros(stored, "expires_at")), key=lambda r: r[0]["batch_id"]):
         if row["smuid"] not in batch_smuids and row["smuid"] not in first:
             first[row["smuid"]] = {**row, "account": row["publisher"], "guid": row["publisher_guid"],
-                                   "accepted_at": accepted_at, "expires_at": expires_at, "seq": None,
-                                   "taken": False}
+                                   "accepted_at": accepted_at, "expires_at": expires_at, "seq": None}
     return list(first.values())
