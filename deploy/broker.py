@@ -22,6 +22,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -66,9 +67,38 @@ def kafka_version() -> str:
     raise BrokerError(f"no kafka_*.jar in {jar_dir('kafka')}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL_RANGE = (32768, 60999)
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel hands out for outgoing connections and for listeners on port 0."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL_RANGE
+
+
+def free_port(low: int = 10000, tries: int = 200) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a listener started later.
+
+    It is chosen at random from ``low`` up to the kernel's ephemeral range, not by binding port 0:
+    a port from that range may be handed to one of the many outgoing connections the Kafka JVM and
+    Spark open before the listener binds it, and then the listener fails with "address already in
+    use" (it did, once, in CI).  Where nothing lies below the range, the ports above it are used."""
+    ephemeral_low, ephemeral_high = ephemeral_range()
+    choices = range(low, ephemeral_low) if ephemeral_low > low else range(ephemeral_high + 1, 65536)
+    pick = random.SystemRandom()  # not the seeded ``random``: two processes must not draw the same ports
+    for _ in range(tries if choices else 0):
+        port = pick.choice(choices)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every try was taken: an ephemeral port is better than none
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
