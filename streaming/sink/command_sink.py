@@ -31,6 +31,7 @@ import json
 import logging
 import time
 from datetime import datetime, timezone
+from operator import methodcaller
 from typing import Callable
 
 import pyarrow as pa
@@ -178,14 +179,15 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
     def outputs(self, batch_df: DataFrame, batch_id: int, routed_at: datetime,
                 records: pa.Table | None = None) -> dict[str, pa.Table]:
         """Every output of one batch: a simple batch (:func:`simple_batch.is_simple`) routed on the
-        driver (:func:`simple_batch.route`), any other by the routing transforms in **one** Spark job.
+        driver (:func:`simple_batch.route`), any other by the routing transforms in three Spark jobs.
 
         Spark pays a fixed cost per job and per stage that dwarfs the work of a
         micro-batch, so the outputs are one query (:func:`batch_sql`, the
         transforms' SQL as CTEs, unioned with one struct column per output,
         tagged by ``kind``), collected once as Arrow and split here; shared
-        sub-plans run once (exchange reuse).  Building it is a handful of py4j
-        calls (two temporary views, one ``spark.sql``).
+        sub-plans run once (exchange reuse).  Only the CTEs the rest reads most
+        are run before it, as two checkpointed parts: as one query, Spark's
+        analysis check copied them ~1,700 times (:data:`streaming.sink.query.SHARED`).
         """
         spark = batch_df.sparkSession
         arrow_records = batch_df.toArrow() if records is None else records
@@ -262,23 +264,25 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
             out["deliveries"] = pa.concat_tables([rows, markers.cast(rows.schema)])
         return out
 
-    def _routing_query(self, spark: SparkSession, sql: str,
+    def _routing_query(self, spark: SparkSession, sql: tuple[str, ...],
                        relations: dict[str, tuple[pa.Table, StructType]]) -> dict[str, pa.Table]:
-        """The outputs but ``progress`` of the routing query ``sql`` (:func:`batch_sql`) over ``relations``
-        (name → rows and their type), run as one Spark job; ``query_ms`` says how long it took."""
+        """The outputs but ``progress`` of the routing query ``sql`` (:func:`batch_sql`: its shared parts,
+        then the rest) over ``relations`` (name → rows and their type); ``query_ms`` says how long it took.
+
+        Each shared part is run and checkpointed (a Spark job each), so the later ones read it as one
+        relation and not as the plans behind it (:data:`streaming.sink.query.SHARED` says why)."""
         frames = {"current": self.current_subscriptions(spark)}
         for name, (arrow, schema) in relations.items():
             relation = self._relation(spark, arrow, schema)
             if isinstance(relation, str):
-                sql = sql.replace("{" + name + "}", relation)
+                sql = tuple(text.replace("{" + name + "}", relation) for text in sql)
             else:
                 frames[name] = relation
-        started = time.monotonic()
-        query = run_sql(sql, frames)  # parsed and analysed here
-        query._jdf.queryExecution().executedPlan()  # plan now, apart from running: the log tells them apart
-        planned = time.monotonic()
-        arrow = query.toArrow()
-        self.query_ms = {"plan": (planned - started) * 1000, "run": (time.monotonic() - planned) * 1000}
+        self.query_ms = {"plan": 0.0, "run": 0.0}
+        *shared, rest = sql
+        for index, text in enumerate(shared):
+            frames[f"shared_{index}"] = self._timed(lambda: run_sql(text, frames), methodcaller("localCheckpoint"))
+        arrow = self._timed(lambda: run_sql(rest, frames), methodcaller("toArrow"))
         out = {}
         for kind in OUTPUTS:
             if kind == "progress":
@@ -288,6 +292,19 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
                 [pa.RecordBatch.from_struct_array(chunk) for chunk in column.chunks],
                 schema=pa.schema(list(column.type)))
         return out
+
+    def _timed(self, build, run):
+        """``run`` on the query ``build()`` returns, its planning and its running added to ``query_ms``
+        apart (the log tells them apart).  A checkpoint's blocks are dropped by Spark's ContextCleaner
+        once the frame is gone."""
+        started = time.monotonic()
+        query = build()  # parsed and analysed here
+        query._jdf.queryExecution().executedPlan()
+        planned = time.monotonic()
+        result = run(query)
+        self.query_ms["plan"] += (planned - started) * 1000
+        self.query_ms["run"] += (time.monotonic() - planned) * 1000
+        return result
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()

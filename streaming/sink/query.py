@@ -1,5 +1,6 @@
 """The batch's routing query: every transform of :mod:`streaming.routing` as one ``WITH … SELECT``,
-each output a struct column of its :data:`OUTPUTS` type, and what the batch cannot need left out.
+each output a struct column of its :data:`OUTPUTS` type, and what the batch cannot need left out;
+run in three parts (:func:`stages`), its most-read CTEs first.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def _as_struct(kind: StructType) -> str:
 def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry: tuple[bool, bool] = (True, True),
               retries: bool = True, receipts: bool = True, one: bool = True, late: bool = False,
               clearing: bool = False, removing: bool = False, releases: bool = True,
-              peers: Mapping[str, str] = NO_PEERS) -> str:
-    """The whole batch but its progress as one query over the relations ``{decoded_publish}``,
+              peers: Mapping[str, str] = NO_PEERS) -> tuple[str, ...]:
+    """The whole batch but its progress as a few queries (:func:`stages`: the :data:`SHARED` parts first)
+    over the relations ``{decoded_publish}``,
     ``{decoded_subscription}``, ``{decoded_ack}`` and ``{decoded_nack}`` (the batch's records,
     :func:`decode_records`, by kind: :func:`events_by_kind`), ``{current}``, ``{pending}``
     (stored deliveries that may expire, :data:`streaming.routing.PENDING`), ``{retrying}`` (the stored
@@ -222,5 +224,43 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
         + f" FROM out_{kind}"
         for kind in OUTPUTS if kind != "progress"  # counted from the records themselves: :func:`progress_rows`
     ]
-    return ("WITH " + ",\n".join(f"{name} AS (\n{sql}\n)" for name, sql in ctes.items())
-            + "\n" + "\nUNION ALL\n".join(parts))
+    return stages(ctes, "\nUNION ALL\n".join(parts))
+
+
+#: The CTEs the rest of the routing query reads many times over, directly and through one another,
+#: in the groups they are computed in.  Spark's analysis check inlines every CTE at every reference
+#: (``CheckAnalysis`` runs ``InlineCTE`` with ``alwaysInline``), whatever the optimiser would do after,
+#: so in one query these were copied ~1,700 times: a batch with late subscribers and a receipt due
+#: took 15 s to analyse, 21 s to optimise, and ran the job's 512 MiB heap out
+#: (``bench-results/routing-query-oom-2026-11-29``).  Each group is computed by a query of its own and
+#: read back by the later ones as one checkpointed relation.
+SHARED = (("intervals", "routed_all", "late"), ("routed", "withheld", "acks", "unrouted", "expiring"))
+
+
+def _with(ctes: Mapping[str, str], select: str) -> str:
+    return "WITH " + ",\n".join(f"{name} AS (\n{sql}\n)" for name, sql in ctes.items()) + "\n" + select
+
+
+def _tagged(group: tuple[str, ...]) -> str:
+    """SQL: the rows of every CTE of ``group``, each as one struct column, tagged by ``kind``."""
+    return "\nUNION ALL\n".join(
+        f"SELECT '{name}' AS kind, "
+        + ", ".join(f"struct(*) AS {name}" if other == name else f"NULL AS {other}" for other in group)
+        + f" FROM {name}" for name in group)
+
+
+def stages(ctes: Mapping[str, str], select: str) -> tuple[str, ...]:
+    """``WITH ctes select`` as one query per group of :data:`SHARED` and one for the rest.  The query
+    of group ``i`` reads the CTEs of the groups before it from the relation ``{shared_<j>}`` (the
+    result of group ``j``'s query); so does the last query.  The batch's events are cheap to read
+    again, so every query defines them."""
+    names = list(ctes)
+    done: dict[str, str] = {name: ctes[name] for name in names if name.startswith("events_")}
+    queries = []
+    for index, group in enumerate(SHARED):
+        cut = max(names.index(name) for name in group) + 1
+        own = {name: ctes[name] for name in names[:cut] if name not in done}
+        assert set(own) == set(group), f"{sorted(set(own) - set(group))} come before {names[cut - 1]}"
+        queries.append(_with({**done, **own}, _tagged(group)))
+        done.update({name: f"SELECT {name}.* FROM {{shared_{index}}} WHERE kind = '{name}'" for name in group})
+    return (*queries, _with({**done, **{name: ctes[name] for name in names if name not in done}}, select))
