@@ -9,10 +9,10 @@ each publish's subscribers and a join of the ACKs, which this module does in Pyt
 batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
 
 A batch is *simple* (:func:`is_simple`) when it holds no NACK, no REMOVE TOPIC and no SUBSCRIBE
-whose SINCE clears what was routed before it, and no receipt falls due: publishes (DELIVERY ONE
-ones too), ACKs, SUBSCRIBEs and UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late
-subscribers included) and expiry into the Trash; everything else still goes to the routing query,
-which stays the definition.  Every output here
+whose SINCE clears what was routed before it: publishes (DELIVERY ONE ones too), ACKs, SUBSCRIBEs
+and UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late subscribers included), expiry into
+the Trash and receipts (:mod:`streaming.simple_receipts`); everything else still goes to the
+routing query, which stays the definition.  Every output here
 equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
 it by property test.  The subscribers come from the rule the gateways route early by
 (:func:`schemas.topics.recipients`).
@@ -25,13 +25,14 @@ import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Mapping
+from typing import Container, Mapping
 
 import pyarrow as pa
 
 from schemas.events import Acked, Nack, RemoveTopic, Subscribe
 from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
+from streaming import simple_receipts as receipts
 from streaming import simple_subscriptions as subs
 
 #: Everything :func:`route` decides, each as the routing query's output of that name.
@@ -45,7 +46,6 @@ class Shape:
     nacks: bool = False
     clearing: bool = False  # a SUBSCRIBE whose SINCE clears deliveries pending or routed before it
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
-    receipts: bool = False  # a receipt may fall due
 
 
 #: How the records of the commands that may make a batch not simple begin (:meth:`schemas.events._Event.head`;
@@ -56,7 +56,7 @@ NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, Nack, RemoveTopic))
 
 def is_simple(shape: Shape) -> bool:
     """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
-    return not any((shape.nacks, shape.clearing, shape.removals, shape.receipts))
+    return not any((shape.nacks, shape.clearing, shape.removals))
 
 
 def _valid(event: dict) -> bool:
@@ -129,7 +129,8 @@ def _lower(value: str | None, default: str) -> str:
 def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.Table, batch_id: int,
           routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
           peers: Mapping[str, str] = MappingProxyType({}), late_stored: pa.Table | None = None,
-          late_held: pa.Table | None = None) -> dict[str, list[dict]]:
+          late_held: pa.Table | None = None, receipt_state: pa.Table | None = None,
+          receipted: Container[int] = frozenset()) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``events`` its records, as :data:`routing.EVENTS` rows in
     Python (``streaming.sink.decoding.decoded_events``), ``current`` the active subscriptions before it
@@ -140,7 +141,9 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     publish may be DELIVERY ONE (``streaming.sink.records.has_delivery_one``: when not, none is treated so);
     ``peers``: the ``[federation] peers`` (account → domain); ``late_stored`` and ``late_held``: the stored
     messages the batch's SUBSCRIBEs may get and which of them their accounts hold
-    (``CommandSink.late_candidates``)."""
+    (``CommandSink.late_candidates``); ``receipt_state`` the stored deliveries of the messages that
+    asked for a receipt and may be owed one (``CommandSink.receipt_state``), ``receipted`` those of them
+    answered already."""
     events = [event for event in events if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
@@ -149,6 +152,7 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
     out["subscriptions"] = subs.subscription_rows(spans, batch_id)
     routed: set[tuple[str, int]] = set()
+    asking: list[tuple[str, int, str]] = []  # (account, smuid, receipt) of the deliveries first routed
     expiring: dict[int, list[str]] = {}  # smuid → the accounts whose delivery of it expires ('': nobody's)
     unreached = []  # publishes that reached nobody and can expire
     for smuid, publish in publishes.items():
@@ -160,6 +164,7 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
             reached = {min(reached, key=lambda account: pick_order(smuid, account))}
         for account in sorted(reached):
             routed.add((account, smuid))
+            asking.append((account, smuid, _lower(publish["receipt"], "none")))
             if _deliver(out, publish, account, acks, batch_id, routed_at, now):
                 expiring.setdefault(smuid, []).append(account)  # routed already expired: never sent
         if not reached and publish["expires_at"] is not None:
@@ -182,8 +187,24 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     for account, smuid in _stored_expiring(pending, now, acks, routed if new_may_expire else set()):
         expiring.setdefault(smuid, []).append(account)
         out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "expired"})
-    _trash(out, expiring, stored, batch_id, now)
+    messages = {}  # smuid → its earliest row, this batch's or stored (a replay may hold both)
+    for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
+        messages.setdefault(row["smuid"], row)
+    _trash(out, expiring, messages, batch_id, now)
+    if receipt_state is not None:
+        owed = receipts.due(receipt_state, asking, acks, expiring, receipted, messages)
+        _answer(out, receipts.answers(owed, messages, now), acks, batch_id, routed_at, now)
     return out
+
+
+def _answer(out: dict[str, list[dict]], answers: list[tuple[receipts.Due, dict]], acks: dict, batch_id: int,
+            routed_at: datetime, now: int | None) -> None:
+    """Each receipt owed, as a message of record, a ``receipts`` row, and a delivery to its publisher's
+    account (:func:`streaming.routing.receipts.receipt_rows_sql` and the query's ``receipt_deliveries``)."""
+    for receipt, publish in answers:
+        out["messages"].append(_message_row(publish, batch_id))
+        out["receipts"].append(receipts.receipt_row(receipt, publish, batch_id))
+        _deliver(out, publish, publish["account"].lower(), acks, batch_id, routed_at, now)
 
 
 def _late(spans: list[subs.Interval], publishes: dict[int, dict], routed: set[tuple[str, int]],
@@ -234,13 +255,10 @@ def _stored_expiring(pending: pa.Table, now: int | None, acks: dict, routed: set
         and (account, smuid) not in acks and (account, smuid) not in routed]
 
 
-def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], stored: pa.Table, batch_id: int,
+def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], messages: Mapping[int, dict], batch_id: int,
            now: int | None) -> None:
     """The expired messages into their topics' Trash, and their subscribers told
     (:func:`streaming.routing.expiry.trash_sql`, :func:`streaming.routing.records.expired_records_sql`)."""
-    messages = {}  # smuid → its earliest row, this batch's or stored (a replay may hold both)
-    for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
-        messages.setdefault(row["smuid"], row)
     for smuid, accounts in expiring.items():
         out["expired"] += [{"key": account.encode(), "value": Acked(account, smuid, "expired").to_bytes().decode(),
                             "seq": None} for account in accounts if account]

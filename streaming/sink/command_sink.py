@@ -225,13 +225,9 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         owed_now = (expiry[0] and asks_for_receipt(arrow_records)) or acks_its_own_receipt_publish(arrow_records)
         receipts = state.num_rows > 0 or bool(unreached) or owed_now
         one = has_delivery_one(arrow_records)
-        # of the stored messages that reached nobody, only those that asked for a receipt may be owed one
-        asking = set(stored.filter(pc.is_in(stored.column("receipt"), pa.array(["one", "all"]))).column("smuid")
-                     .to_pylist())
         clearing = clearable.num_rows > 0 or (bool(sinced) and late)  # SINCE may withhold this batch's too
         shape = simple_batch.Shape(nacks=bool(nacked), clearing=clearing,
-                                   removals=bool(removed) or orphaned.num_rows > 0,
-                                   receipts=state.num_rows > 0 or bool(unreached & asking) or owed_now)
+                                   removals=bool(removed) or orphaned.num_rows > 0)
         simple = self.config.streaming.simple_batches and simple_batch.is_simple(shape)
         # The records decoded once, here (every branch of the query would otherwise re-read the source): as
         # dicts for a batch routed in Python (no Arrow round trip), as an Arrow table for the routing query.
@@ -240,7 +236,8 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         if simple:
             rows = simple_batch.route(decoded, self.active_subscriptions(), pending, stored, batch_id, routed_at, now,
                                       new_may_expire=expiry[0], one=one, peers=self.config.federation.peers,
-                                      late_stored=late_stored, late_held=late_held)
+                                      late_stored=late_stored, late_held=late_held, receipt_state=state,
+                                      receipted=set(receipted.column("smuid").to_pylist()))
             out = {kind: pa.Table.from_pylist(rows[kind], schema=arrow_schema(OUTPUTS[kind])) for kind in rows}
             self.query_ms = {"plan": 0.0, "run": (time.monotonic() - started) * 1000}
         else:
