@@ -5,8 +5,11 @@ the streaming query would hand them over, without Kafka or a running query: each
 ``--publishes`` publishes to topics ``--subscribers`` accounts subscribe to, the ACKs of the
 previous batch's deliveries and a tick, so it is a *simple* batch (:mod:`streaming.simple_batch`)
 and the Delta tables grow as they would.  With ``--subscribe`` each batch also holds a SUBSCRIBE (of
-a new account, to a topic nobody publishes to), so the routing query routes it: a backlog arriving
-with a subscription change.  It prints, per batch, the time to compute the outputs
+a new account, to a topic nobody publishes to): still routed on the driver, with its look for late
+messages.  With ``--receipts`` a tenth of the publishes ask for RECEIPT ONE, so receipts fall due at
+the next batch's ACKs: on the driver too (:mod:`streaming.simple_receipts`).  With ``--nack`` each
+batch also holds a NACK of one of the previous batch's deliveries, so the routing query routes it
+(:func:`streaming.sink.query.batch_sql`).  It prints, per batch, the time to compute the outputs
 (``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
 producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
@@ -46,13 +49,18 @@ def subscribe(config, accounts: list[str]) -> None:
                     mode="overwrite")
 
 
-def batch_events(index: int, publishes: int, accounts: list[str], subscribe: bool = False) -> list:
-    """Batch ``index``: a SUBSCRIBE if ``subscribe``, its publishes (a minute's Timeout), the ACKs of the
-    previous batch's, a tick."""
+def batch_events(index: int, publishes: int, accounts: list[str], subscribe: bool = False, receipts: bool = False,
+                 nack: bool = False) -> list:
+    """Batch ``index``: a SUBSCRIBE if ``subscribe`` and a NACK of the previous batch's first delivery if
+    ``nack``, its publishes (a minute's Timeout; every tenth asking for RECEIPT ONE if ``receipts``), the
+    ACKs of the previous batch's, a tick."""
     at = US0 + index * 1_000_000
     events = [ev.Subscribe(f"new{index}", f"g-new{index}", "/elsewhere", at - 1)] if subscribe else []
+    if nack and index:
+        events.append(ev.Nack(accounts[0], f"g-{accounts[0]}", (index - 1) * publishes + 1, at - 1, 3))
     events += [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
-                         expires_at=at + 60_000_000) for n in range(publishes)]
+                          expires_at=at + 60_000_000, receipt="one" if receipts and n % 10 == 0 else "none")
+               for n in range(publishes)]
     if index:
         events += [ev.Ack(account, f"g-{account}", (index - 1) * publishes + n + 1, at + publishes + n)
                    for n in range(publishes) for account in accounts]
@@ -81,7 +89,8 @@ def run(args) -> dict:
         timings = []
         offset = 0
         for index in range(args.warmup + args.batches):
-            arrow = kafka_records(batch_events(index, args.publishes, accounts, args.subscribe),
+            arrow = kafka_records(batch_events(index, args.publishes, accounts, args.subscribe, args.receipts,
+                                               args.nack),
                                   datetime.now(timezone.utc), offset, topic="bench")
             offset += arrow.num_rows
             started = time.perf_counter()
@@ -90,14 +99,15 @@ def run(args) -> dict:
             sink.commit_outputs(out, index + 1)
             done = time.perf_counter()
             if index >= args.warmup:
-                timings.append(((routed - started) * 1000, (done - routed) * 1000))
+                timings.append(((routed - started) * 1000, (done - routed) * 1000, sink.query_ms["plan"]))
             if (index + 1) % 20 == 0:
                 print(f"  {index + 1} batches", flush=True)
         return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
-                "subscribe": args.subscribe,
+                "subscribe": args.subscribe, "receipts": args.receipts, "nack": args.nack,
                 "outputs_ms": percentiles([t[0] for t in timings]),
+                "query_plan_ms": percentiles([t[2] for t in timings]),
                 "commit_ms": percentiles([t[1] for t in timings]),
-                "total_ms": percentiles([sum(t) for t in timings])}
+                "total_ms": percentiles([t[0] + t[1] for t in timings])}
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -112,17 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=200, help="publishes per batch (default 200)")
     parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2)")
     parser.add_argument("--subscribe", action="store_true",
-                        help="a SUBSCRIBE in every batch: routed by the routing query, not on the driver")
+                        help="a SUBSCRIBE in every batch (routed on the driver)")
+    parser.add_argument("--receipts", action="store_true",
+                        help="every tenth publish asks for RECEIPT ONE, due at the next batch's ACKs")
+    parser.add_argument("--nack", action="store_true",
+                        help="a NACK in every batch: routed by the routing query, not on the driver")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:
         parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
     print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
-          f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}), after {args.warmup} warm-up batches ...",
+          f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}{', receipts' if args.receipts else ''}"
+          f"{', a NACK' if args.nack else ''}), after {args.warmup} warm-up batches ...",
           flush=True)
     figures = run(args)
-    for name in ("outputs_ms", "commit_ms", "total_ms"):
-        print(f"{name:>11}: " + "  ".join(f"{k} {v:,}" for k, v in figures[name].items()))
+    for name in ("outputs_ms", "query_plan_ms", "commit_ms", "total_ms"):
+        print(f"{name:>13}: " + "  ".join(f"{k} {v:,}" for k, v in figures[name].items()))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)
