@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -80,8 +80,10 @@ def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
         return LINUX_EPHEMERAL_RANGE
 
 
-def free_port(low: int = 10000, tries: int = 200) -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, for a listener started later.
+def free_port(low: int = 10000, tries: int = 200, avoid: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a listener started later, and
+    none of ``avoid`` (the ports chosen already for the other listeners of the same start: each
+    choice is random, so two may fall on one port).
 
     It is chosen at random from ``low`` up to the kernel's ephemeral range, not by binding port 0:
     a port from that range may be handed to one of the many outgoing connections the Kafka JVM and
@@ -92,6 +94,8 @@ def free_port(low: int = 10000, tries: int = 200) -> int:
     pick = random.SystemRandom()  # not the seeded ``random``: two processes must not draw the same ports
     for _ in range(tries if choices else 0):
         port = pick.choice(choices)
+        if port in avoid:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -131,7 +135,7 @@ class KafkaBroker:
         self.directory = Path(directory).absolute()
         self.preexec_fn = preexec_fn  # run in the JVM's process before it starts (deploy.children.dying_with)
         self.port = port or free_port()
-        self.controller_port = controller_port or free_port()
+        self.controller_port = controller_port or free_port(avoid={self.port})
         self.advertised_port = advertised_port or self.port
         self.settings = settings
         self.process: subprocess.Popen | None = None

@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Collection
 
 from deploy.broker import BrokerError, KafkaBroker, create_topics, free_port, wait_for_port
 from deploy.children import dying_with, taken_ports
@@ -152,11 +153,11 @@ def child_modules(config: SMQPConfig) -> list[tuple[str, str]]:
     return children
 
 
-def with_link_status_port(config: SMQPConfig) -> SMQPConfig:
+def with_link_status_port(config: SMQPConfig, avoid: Collection[int] = ()) -> SMQPConfig:
     """``config`` whose link process (when links are configured) serves /metrics on a port: its own,
-    else a free one, so the dashboard shows the links as it shows the gateway."""
+    else a free one (none of ``avoid``), so the dashboard shows the links as it shows the gateway."""
     if config.federation.links and not config.federation.status_port:
-        return replace(config, federation=replace(config.federation, status_port=free_port()))
+        return replace(config, federation=replace(config.federation, status_port=free_port(avoid=avoid)))
     return config
 
 
@@ -190,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = str(Path(config.data_dir).absolute())
     config = replace(config, data_dir=data_dir)
     broker_port = int(config.kafka.bootstrap.rsplit(":", 1)[1])
-    status_port = config.gateway.status_port or free_port()  # the dashboard scrapes the gateway here
-    config = with_link_status_port(config)  # ... and the link process here
-    dashboard_port = config.dashboard.port or free_port()
+    taken = {broker_port, config.gateway.port, config.local_kafka.controller_port}
+    status_port = config.gateway.status_port or free_port(avoid=taken)  # the dashboard scrapes the gateway here
+    config = with_link_status_port(config, avoid=taken | {status_port})  # ... and the link process here
+    dashboard_port = config.dashboard.port or free_port(avoid=taken | {status_port, config.federation.status_port})
     gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
 
     stop_requested = False

@@ -159,7 +159,8 @@ def _running_stack(accounts: Mapping[str, str], iterations: int) -> Iterator[Sta
     children: dict[str, subprocess.Popen] = {}
     try:
         config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
-                             gateway={"port": free_port(), "status_port": free_port()})
+                             gateway={"port": (port := free_port(avoid={broker.port, broker.controller_port})),
+                                      "status_port": free_port(avoid={port, broker.port, broker.controller_port})})
         create_topics(config.kafka)
         config_file = Path(workdir, "smqp.toml")
         config_file.write_text("[accounts]\n" + "".join(

@@ -48,3 +48,14 @@ def test_the_kernel_range_is_read_from_proc(tmp_path):
     path.write_text("40000\t50000\n")
     assert ephemeral_range(path) == (40000, 50000)
     assert ephemeral_range(tmp_path / "absent") == (32768, 60999)
+
+
+def test_the_ports_of_one_start_are_never_the_same():
+    """Each choice is random, so the broker's and the controller's listener once fell on one port
+    (Kafka refused to start: "two listeners on the same port"); a start passes what it chose already."""
+    low, _ = ephemeral_range()
+    first = max(1024, low - 3)  # three ports to choose from: two of them to avoid
+    avoided = {first, first + 1}
+    chosen = {free_port(low=first, avoid=avoided) for _ in range(20)}
+    assert not chosen & avoided, chosen
+
