@@ -26,7 +26,8 @@ Every transform is written once, as Spark SQL text: ``<name>_sql(...)``
 returns the ``SELECT`` of that transform over the relations (view or CTE
 names) it is given.  The public function registers its input frames as
 temporary views and runs that text; the sink composes the same texts into one
-``WITH … SELECT`` per micro-batch.  A plan built from SQL text costs a few
+``WITH … SELECT`` per micro-batch, run in three parts (``streaming.sink.query.stages``).
+A plan built from SQL text costs a few
 py4j calls, where the same plan built column by column costs thousands
 (~110 µs each), which dominated a micro-batch.
 
