@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = str(Path(config.data_dir).absolute())
     config = replace(config, data_dir=data_dir)
     broker_port = int(config.kafka.bootstrap.rsplit(":", 1)[1])
-    taken = {broker_port, config.gateway.port, config.local_kafka.controller_port}
-    status_port = config.gateway.status_port or free_port(avoid=taken)  # the dashboard scrapes the gateway here
-    config = with_link_status_port(config, avoid=taken | {status_port})  # ... and the link process here
-    dashboard_port = config.dashboard.port or free_port(avoid=taken | {status_port, config.federation.status_port})
+    chosen = {broker_port, config.gateway.port, config.local_kafka.controller_port}  # no two listeners on one
+    status_port = config.gateway.status_port or free_port(avoid=chosen)  # the dashboard scrapes the gateway here
+    config = with_link_status_port(config, avoid=chosen | {status_port})  # ... and the link process here
+    dashboard_port = config.dashboard.port or free_port(avoid=chosen | {status_port, config.federation.status_port})
     gateway_status = DashboardConfig().gateway_urls(replace(config.gateway, status_port=status_port))[0]
 
     stop_requested = False

@@ -158,9 +158,10 @@ def _running_stack(accounts: Mapping[str, str], iterations: int) -> Iterator[Sta
     broker = KafkaBroker(f"{workdir}/kafka", settings=load_config().local_kafka).start()
     children: dict[str, subprocess.Popen] = {}
     try:
+        listeners = {broker.port, broker.controller_port}
+        gateway_port = free_port(avoid=listeners)
         config = load_config(env={}, data_dir=f"{workdir}/data", kafka={"bootstrap": broker.bootstrap},
-                             gateway={"port": (port := free_port(avoid={broker.port, broker.controller_port})),
-                                      "status_port": free_port(avoid={port, broker.port, broker.controller_port})})
+                             gateway={"port": gateway_port, "status_port": free_port(avoid=listeners | {gateway_port})})
         create_topics(config.kafka)
         config_file = Path(workdir, "smqp.toml")
         config_file.write_text("[accounts]\n" + "".join(

@@ -15,7 +15,8 @@ from typing import Container, Iterable, Mapping
 
 import pyarrow as pa
 
-from schemas.smuid import EPOCH_MS, JOB_NODE_ID, MAX_SEQUENCE, NODE_BITS, SEQUENCE_BITS
+from schemas.smuid import EPOCH_MS, JOB_NODE_ID, MAX_SEQUENCE, compose
+from schemas.topics import account_topic
 
 #: The receipt modes that ask for one (``messages.receipt``, lower case).
 ASKING = ("one", "all")
@@ -82,7 +83,7 @@ def answers(owed: list[Due], messages: Mapping[int, dict], now: int | None) -> l
         body = f"{receipt.acked}/{receipt.targeted}"
         publisher = original["publisher"]
         made.append((receipt, {
-            "smuid": _job_smuid(now, sequence), "topic": f"/accounts/{publisher.lower()}",
+            "smuid": _job_smuid(now, sequence), "topic": account_topic(publisher),
             "cmuid": original["cmuid"], "account": publisher, "guid": original["publisher_guid"],
             "accepted_at": now, "priority": 0,
             "headers": [["Receipt", receipt.mode.upper()], ["Receipt-For", str(receipt.smuid)], ["Delivered", body]],
@@ -95,8 +96,7 @@ def answers(owed: list[Due], messages: Mapping[int, dict], now: int | None) -> l
 
 def _job_smuid(now: int, sequence: int) -> int:
     """The SMUID of the batch's ``sequence``-th receipt (:func:`streaming.routing.receipts.receipt_messages_sql`)."""
-    millis = now // 1000 - EPOCH_MS + sequence // (MAX_SEQUENCE + 1)
-    return (millis << (NODE_BITS + SEQUENCE_BITS)) | (JOB_NODE_ID << SEQUENCE_BITS) | (sequence % (MAX_SEQUENCE + 1))
+    return compose(now // 1000 - EPOCH_MS + sequence // (MAX_SEQUENCE + 1), JOB_NODE_ID, sequence % (MAX_SEQUENCE + 1))
 
 
 def receipt_row(receipt: Due, message: dict, batch_id: int) -> dict:

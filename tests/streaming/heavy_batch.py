@@ -32,18 +32,26 @@ EVENTS = {kind.__name__: kind for kind in (Ack, Publish, Section, Subscribe, Tic
 
 
 def main(heap: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="smqp-heavy-batch-") as data_dir:
+        route_example(heap, data_dir)
+
+
+def route_example(heap: str, data_dir: str) -> None:
     current, first, second = eval(EXAMPLE.read_text(), dict(EVENTS))  # noqa: S307 (our own file)
     spark = build_session(StreamingConfig(spark_conf={"spark.driver.memory": heap}), app_name="heavy-batch")
-    config = replace(load_config(env={}, data_dir=tempfile.mkdtemp()), federation=FederationConfig(peers=PEERS))
+    config = replace(load_config(env={}, data_dir=data_dir), federation=FederationConfig(peers=PEERS))
     config = replace(config, streaming=replace(config.streaming, simple_batches=False))
     store_subscriptions(config, current)
     sink = CommandSink(config)
-    for batch_id, batch, at in ((6, first, T0), (7, second, T0 + timedelta(hours=1))):
-        started = time.monotonic()
-        out = sink.outputs(records(spark, batch), batch_id, at)
-        sink.commit_outputs(out, batch_id)
-        print(json.dumps({"batch": batch_id, "seconds": round(time.monotonic() - started, 1), **sink.query_ms,
-                          **{kind: rows.num_rows for kind, rows in out.items()}}), flush=True)
+    try:
+        for batch_id, batch, at in ((6, first, T0), (7, second, T0 + timedelta(hours=1))):
+            started = time.monotonic()
+            out = sink.outputs(records(spark, batch), batch_id, at)
+            sink.commit_outputs(out, batch_id)
+            print(json.dumps({"batch": batch_id, "seconds": round(time.monotonic() - started, 1), **sink.query_ms,
+                              **{kind: rows.num_rows for kind, rows in out.items()}}), flush=True)
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":
