@@ -8,8 +8,8 @@ and the Delta tables grow as they would.  With ``--subscribe`` each batch also h
 a new account, to a topic nobody publishes to): still routed on the driver, with its look for late
 messages.  With ``--receipts`` a tenth of the publishes ask for RECEIPT ONE, so receipts fall due at
 the next batch's ACKs: on the driver too (:mod:`streaming.simple_receipts`).  With ``--nack`` each
-batch also holds a NACK of one of the previous batch's deliveries, so the routing query routes it
-(:func:`streaming.sink.query.batch_sql`).  It prints, per batch, the time to compute the outputs
+batch also holds a NACK of one of the previous batch's deliveries: on the driver too
+(:mod:`streaming.simple_nacks`; before, the routing query routed such a batch).  It prints, per batch, the time to compute the outputs
 (``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
 producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--receipts", action="store_true",
                         help="every tenth publish asks for RECEIPT ONE, due at the next batch's ACKs")
     parser.add_argument("--nack", action="store_true",
-                        help="a NACK in every batch: routed by the routing query, not on the driver")
+                        help="a NACK in every batch (routed on the driver)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:

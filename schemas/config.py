@@ -137,7 +137,7 @@ class StreamingConfig:
     # a burst the deferral waits out fits in one batch (≈ 3 s of this host's top rate of commands): a
     # full batch starts at once, and at 20,000 a fan-out's first batch ran while its NOTIFYs were going out
     max_records_per_batch: int = 100_000
-    # a batch holding a NACK, a REMOVE TOPIC or a SUBSCRIBE (which goes to the routing query when its SINCE
+    # a batch holding a REMOVE TOPIC or a SUBSCRIBE (which goes to the routing query when its SINCE
     # clears; that query's time grows with its rows: ~2 s at 1,000, 4-6 s at 20,000) ends this many records
     # in, or just before that command when it comes later; what follows is routed by the next batches, on
     # the driver when simple.  A backlog arriving with a SUBSCRIBE waited 54 s whole.  0 = no bound
@@ -180,9 +180,9 @@ class StreamingConfig:
     # "python": the smqp_kafka source (kafka-python on the driver, works everywhere);
     # "kafka": Spark's built-in Kafka source (needs the spark-sql-kafka jars on the cluster)
     source: str = "python"
-    # route the common batch (publishes, ACKs and expiry; no (UN)SUBSCRIBE, NACK, REMOVE TOPIC or receipt
-    # due) on the driver (streaming.simple_batch) instead of planning the routing query for it; false:
-    # every batch through the routing query, for comparison
+    # route every batch but one with a REMOVE TOPIC or a SUBSCRIBE whose SINCE clears (publishes, ACKs,
+    # NACKs, (UN)SUBSCRIBEs, expiry, receipts) on the driver (streaming.simple_batch) instead of planning
+    # the routing query for it; false: every batch through the routing query, for comparison
     simple_batches: bool = True
     # extra Spark properties for the job's session; spark-submit's --conf wins over them
     spark_conf: Mapping[str, str] = field(default_factory=dict)

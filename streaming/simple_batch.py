@@ -8,14 +8,14 @@ messages and the ACKs of their subscribers; for those, the routing query reduces
 each publish's subscribers and a join of the ACKs, which this module does in Python over the
 batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
 
-A batch is *simple* (:func:`is_simple`) when it holds no NACK, no REMOVE TOPIC and no SUBSCRIBE
-whose SINCE clears what was routed before it: publishes (DELIVERY ONE ones too), ACKs, SUBSCRIBEs
-and UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late subscribers included), expiry into
-the Trash and receipts (:mod:`streaming.simple_receipts`); everything else still goes to the
-routing query, which stays the definition.  Every output here
-equals that query's for the same batch and state: ``tests/streaming/test_simple_batch.py`` proves
-it by property test.  The subscribers come from the rule the gateways route early by
-(:func:`schemas.topics.recipients`).
+A batch is *simple* (:func:`is_simple`) when it holds no REMOVE TOPIC and no SUBSCRIBE whose SINCE
+clears what was routed before it: publishes (DELIVERY ONE ones too), ACKs, NACKs
+(:mod:`streaming.simple_nacks`: retries, and DELIVERY ONE messages handed on), SUBSCRIBEs and
+UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late subscribers included), expiry into the
+Trash and receipts (:mod:`streaming.simple_receipts`); everything else still goes to the routing
+query, which stays the definition.  Every output here equals that query's for the same batch and
+state: ``tests/streaming/test_simple_batch.py`` proves it by property test.  The subscribers come
+from the rule the gateways route early by (:func:`schemas.topics.recipients`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Container, Mapping
 
 import pyarrow as pa
 
-from schemas.events import Acked, Nack, RemoveTopic, Subscribe
+from schemas.events import Acked, RemoveTopic, Subscribe
 from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
+from streaming import simple_nacks as nacks
 from streaming import simple_receipts as receipts
 from streaming import simple_subscriptions as subs
 
@@ -43,7 +44,6 @@ ROUTED = ("deliver", "acked", "expired", "messages", "trash", "deliveries", "sub
 class Shape:
     """What a batch holds beyond publishes and ACKs, as the sink's reads before routing found it."""
 
-    nacks: bool = False
     clearing: bool = False  # a SUBSCRIBE whose SINCE clears deliveries pending or routed before it
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
 
@@ -51,22 +51,22 @@ class Shape:
 #: How the records of the commands that may make a batch not simple begin (:meth:`schemas.events._Event.head`;
 #: a SUBSCRIBE does when its SINCE clears): the job's reader ends a batch soon after one
 #: (``[streaming] max_records_per_query_batch``), so the routing query is not handed a backlog with it.
-NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, Nack, RemoveTopic))
+NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, RemoveTopic))
 
 
 def is_simple(shape: Shape) -> bool:
     """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
-    return not any((shape.nacks, shape.clearing, shape.removals))
+    return not any((shape.clearing, shape.removals))
 
 
 def _valid(event: dict) -> bool:
-    """A publish, an ACK or a (UN)SUBSCRIBE with the fields it needs (:data:`streaming.routing.commands._VALID`;
+    """A publish, an ACK, a NACK or a (UN)SUBSCRIBE with the fields it needs (:data:`streaming.routing.commands._VALID`;
     other kinds are not routed here)."""
     if event["type"] == "publish":
         return None not in (event["account"], event["smuid"], event["topic"])
     if event["type"] in ("subscribe", "unsubscribe"):
         return None not in (event["account"], event["pattern"])
-    return event["type"] == "ack" and None not in (event["account"], event["smuid"])
+    return event["type"] in ("ack", "nack") and None not in (event["account"], event["smuid"])
 
 
 def _first_per(events: list[dict], key) -> dict:
@@ -130,7 +130,7 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
           routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
           peers: Mapping[str, str] = MappingProxyType({}), late_stored: pa.Table | None = None,
           late_held: pa.Table | None = None, receipt_state: pa.Table | None = None,
-          receipted: Container[int] = frozenset()) -> dict[str, list[dict]]:
+          receipted: Container[int] = frozenset(), retrying: pa.Table | None = None) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``events`` its records, as :data:`routing.EVENTS` rows in
     Python (``streaming.sink.decoding.decoded_events``), ``current`` the active subscriptions before it
@@ -143,7 +143,8 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     messages the batch's SUBSCRIBEs may get and which of them their accounts hold
     (``CommandSink.late_candidates``); ``receipt_state`` the stored deliveries of the messages that
     asked for a receipt and may be owed one (``CommandSink.receipt_state``), ``receipted`` those of them
-    answered already."""
+    answered already; ``retrying`` the stored deliveries of the messages the batch's NACKs name
+    (``CommandSink.retry_candidates``)."""
     events = [event for event in events if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
@@ -191,6 +192,9 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
         messages.setdefault(row["smuid"], row)
     _trash(out, expiring, messages, batch_id, now)
+    if any(event["type"] == "nack" for event in events):
+        _nacks(out, events, retrying, publishes, stored, spans, acks, expiring, messages, batch_id, routed_at, now,
+               peers)
     if receipt_state is not None:
         owed = receipts.due(receipt_state, asking, acks, expiring, receipted, messages)
         _answer(out, receipts.answers(owed, messages, now), acks, batch_id, routed_at, now)
@@ -205,6 +209,55 @@ def _answer(out: dict[str, list[dict]], answers: list[tuple[receipts.Due, dict]]
         out["messages"].append(_message_row(publish, batch_id))
         out["receipts"].append(receipts.receipt_row(receipt, publish, batch_id))
         _deliver(out, publish, publish["account"].lower(), acks, batch_id, routed_at, now)
+
+
+def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | None, publishes: dict[int, dict],
+           stored: pa.Table, spans: list[subs.Interval], acks: dict, expiring: dict[int, list[str]],
+           messages: Mapping[int, dict], batch_id: int, routed_at: datetime, now: int | None,
+           peers: Mapping[str, str]) -> None:
+    """The batch's NACKs (:mod:`streaming.simple_nacks`): DELIVERY ONE messages handed on (a delivery and
+    a Deliver to the new subscriber, ``released`` and an Acked to the old one), and retries counted,
+    those out of retries into the Trash.  A delivery routed in this batch carries its count itself."""
+    counted = nacks.nacked(events)
+    stored_rows = [] if retrying is None else nacks.stored_rows(retrying)
+    settled = set(acks) | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
+    gone = {e["account"] for e in events if e["type"] == "nack" and e["reason"] == "disconnect"}
+    first = {**publishes, **{m["smuid"]: m for m in subs.stored_publishes(stored, set())}}  # stored first, as by batch
+    handed_on = nacks.released(counted, stored_rows, settled, gone, spans, first, pick_order, peers)
+    for release in handed_on:
+        message = {**first[release.smuid], "delivery": "one"}
+        ack = acks.get((release.to, release.smuid))
+        out["deliveries"].append(_delivery_row(message, release.to, ack, _unguaranteed(message["headers"]),
+                                               batch_id, routed_at, now))
+        out["deliver"].append({"key": release.to.encode(), "value": _deliver_value(release.to, message),
+                               "seq": release.seq})
+        out["deliveries"].append({**_SETTLED, "account": release.account, "smuid": release.smuid,
+                                  "status": "released"})
+        out["expired"].append(_reason(release.account, release.smuid, "released", release.seq))
+    taken = {(release.to, release.smuid) for release in handed_on}  # an ACK of one is on its new row
+    out["deliveries"] = [row for row in out["deliveries"]
+                         if row["is_new"] or row["status"] != "acked" or (row["account"], row["smuid"]) not in taken]
+    new = {(row["account"], row["smuid"]): row for row in out["deliveries"] if row["is_new"] and row["account"]}
+    routed_all = [(account, smuid, "pending", None, row["delivery"]) for (account, smuid), row in new.items()
+                  if row["delivery"] == "all"]
+    for retry in nacks.retried(counted, stored_rows + routed_all, settled, handed_on):
+        row = new.get((retry.account, retry.smuid))
+        if row is None:
+            out["deliveries"].append({**_SETTLED, "account": retry.account, "smuid": retry.smuid,
+                                      "status": "trashed" if retry.dead else "retry", "retries": retry.retries})
+        else:
+            row["retries"] = retry.retries
+            if retry.dead and row["status"] in ("expired", "pending"):
+                row["status"] = "trashed"
+        if retry.dead:
+            out["expired"].append(_reason(retry.account, retry.smuid, "max_retries", retry.seq))
+            if (message := messages.get(retry.smuid)) is not None:
+                out["trash"].append(_trash_row(message, "max_retries", retry.account, batch_id, now))
+
+
+def _reason(account: str, smuid: int, reason: str, seq: dict | None) -> dict:
+    """The Acked record telling ``account``'s gateway its delivery of ``smuid`` ended for ``reason``."""
+    return {"key": account.encode(), "value": Acked(account, smuid, reason).to_bytes().decode(), "seq": seq}
 
 
 def _late(spans: list[subs.Interval], publishes: dict[int, dict], routed: set[tuple[str, int]],
@@ -260,15 +313,18 @@ def _trash(out: dict[str, list[dict]], expiring: dict[int, list[str]], messages:
     """The expired messages into their topics' Trash, and their subscribers told
     (:func:`streaming.routing.expiry.trash_sql`, :func:`streaming.routing.records.expired_records_sql`)."""
     for smuid, accounts in expiring.items():
-        out["expired"] += [{"key": account.encode(), "value": Acked(account, smuid, "expired").to_bytes().decode(),
-                            "seq": None} for account in accounts if account]
+        out["expired"] += [_reason(account, smuid, "expired", None) for account in accounts if account]
         if (message := messages.get(smuid)) is not None:
-            out["trash"].append({
-                "smuid": smuid, "topic": message["topic"], "trash_topic": message["topic"] + "/Trash",
-                "reason": "undeliverable" if not any(accounts) else "expired", "trashed_at": now,
-                "publisher": message["publisher"], "cmuid": message["cmuid"], "headers": message["headers"],
-                "sections": message["sections"], "batch_id": batch_id, "account": "",
-                **{name: message[name] for name in TRASH_FROM_MESSAGE}})
+            out["trash"].append(_trash_row(message, "undeliverable" if not any(accounts) else "expired", "",
+                                           batch_id, now))
+
+
+def _trash_row(message: dict, reason: str, account: str, batch_id: int, now: int | None) -> dict:
+    """``message`` (a ``messages`` row) into its topic's Trash (:func:`streaming.routing.expiry.trash_sql`)."""
+    return {"smuid": message["smuid"], "topic": message["topic"], "trash_topic": message["topic"] + "/Trash",
+            "reason": reason, "trashed_at": now, "publisher": message["publisher"], "cmuid": message["cmuid"],
+            "headers": message["headers"], "sections": message["sections"], "batch_id": batch_id,
+            "account": account, **{name: message[name] for name in TRASH_FROM_MESSAGE}}
 
 
 def _message_row(publish: dict, batch_id: int) -> dict:

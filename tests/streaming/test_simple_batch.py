@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -68,13 +68,25 @@ def changes(first: int, since: bool):
     return st.one_of(subscribe, subscribe, unsubscribe)
 
 
-def batches(first: int, subscriptions: bool = False, receipts: bool = True, since: bool = True, asking: int = 2):
-    """Publishes, ACKs and ticks (and with ``subscriptions``, (UN)SUBSCRIBEs) as the commands of one
-    micro-batch, from ``first`` µs after T0; ``asking``: how many publishes in 14 ask for a receipt."""
+def nacks(first: int):
+    """NACKs from ``first`` µs after T0: a NOTIFY timed out (a retry), or a login ended holding the message,
+    with ``max_retries`` small enough to run out within a batch or two."""
+    return st.builds(lambda account, smuid, at, max_retries, reason: ev.Nack(
+        account, f"g-{account}", smuid, US0 + at, max_retries, reason),
+        st.sampled_from(ACCOUNTS), st.integers(1, 8), st.integers(first, first + 30), st.integers(0, 2),
+        st.sampled_from(["timeout", "timeout", "disconnect"]))
+
+
+def batches(first: int, subscriptions: bool = False, receipts: bool = True, since: bool = True, asking: int = 2,
+            nacking: bool = False):
+    """Publishes, ACKs and ticks (and with ``subscriptions``, (UN)SUBSCRIBEs; with ``nacking``, NACKs) as
+    the commands of one micro-batch, from ``first`` µs after T0; ``asking``: how many publishes in 14 ask
+    for a receipt."""
     acks = st.builds(lambda account, smuid, at: ev.Ack(account, f"g-{account}", smuid, US0 + at),
                      st.sampled_from(ACCOUNTS), st.integers(1, 8), st.integers(first, first + 30))
     ticks = st.builds(ev.Tick, st.integers(US0 + first, US0 + first + 60))
-    kinds = [publishes(first, receipts, asking)] * 2 + [acks, ticks] + ([changes(first, since)] * 2 if subscriptions else [])
+    kinds = ([publishes(first, receipts, asking)] * 2 + [acks, ticks]
+             + ([changes(first, since)] * 2 if subscriptions else []) + ([nacks(first)] * 3 if nacking else []))
     return st.lists(st.one_of(*kinds), min_size=1, max_size=20)
 
 
@@ -108,15 +120,20 @@ def comparable(out: dict[str, pa.Table]) -> dict[str, list]:
     return found
 
 
-def routed_both_ways(spark, tmp_path_factory, current, before, batch) -> tuple[CommandSink, dict, dict]:
+def routed_both_ways(spark, tmp_path_factory, current, before, batch, more=None) -> tuple[CommandSink, dict, dict]:
     """``before`` routed and committed, then ``batch`` routed both ways: the sink that routes simple
-    batches on the driver, and each sink's outputs."""
+    batches on the driver, and each sink's outputs.  ``more``: given the (account, smuid) of the stored
+    pending deliveries, commands to add to ``batch``."""
     config = replace(load_config(env={}, data_dir=str(tmp_path_factory.mktemp("simple"))),
                      federation=FederationConfig(peers=PEERS))
     store_subscriptions(config, current)
     driver = CommandSink(config)
     query = CommandSink(replace(config, streaming=replace(config.streaming, simple_batches=False)))
     query.commit_outputs(query.outputs(records(spark, before), 6, T0), 6)
+    if more is not None:
+        stored = DeltaTable(config.table_path("deliveries")).to_pyarrow_table(columns=["account", "smuid", "status"])
+        batch = batch + more(sorted({(r["account"], r["smuid"]) for r in stored.to_pylist()
+                                     if r["account"] and r["status"] == "pending"}))
     frame, routed_at = records(spark, batch), T0 + timedelta(hours=1)
 
     simple, full = driver.outputs(frame, 7, routed_at), query.outputs(frame, 7, routed_at)
@@ -172,9 +189,57 @@ def test_a_batch_with_subscribes_and_unsubscribes_routed_on_the_driver_equals_th
     assert comparable(simple) == comparable(full)
 
 
-def test_a_batch_with_more_than_publishes_acks_and_subscriptions_is_not_simple():
+@pytest.mark.timeout(900)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(current=subscriptions.map(lambda c: {("alice", "/t/*"): (None, None), ("bob", "/t/*"): (None, None), **c}),
+       before=st.one_of(batches(0, nacking=True), st.lists(publishes(0, False), min_size=3)),
+       batch=batches(40, subscriptions=True, since=False, nacking=True), data=st.data())
+def test_nacks_routed_on_the_driver_equal_the_routing_query(spark, tmp_path_factory, current, before, batch, data):
+    """As above with NACKs (most of pending deliveries), and SUBSCRIBEs and UNSUBSCRIBEs in the second
+    batch; alice and bob (not other farms' links) subscribed to ``/t/*`` to begin with and three
+    DELIVERY ONE messages published there first, so one of them holds each and the other may take it
+    on: retries
+    counted on stored deliveries and on the batch's own (a gateway routing early saw one time out),
+    those out of retries into the Trash, and DELIVERY ONE messages handed on to another subscriber, one
+    that never held it first, never to one whose login ended in the batch."""
+    def nacking(stored: list[tuple[str, int]]) -> list[ev.Nack]:  # NACKs of pending deliveries, most of them
+        if not stored:
+            return []
+        return data.draw(st.lists(st.builds(lambda key, at, max_retries, reason: ev.Nack(
+            key[0], f"g-{key[0]}", key[1], US0 + at, max_retries, reason), st.sampled_from(stored),
+            st.integers(40, 70), st.integers(0, 2), st.sampled_from(["timeout", "disconnect"])), max_size=6))
+
+    held = [ev.Publish(smuid, "/t/x", f"alice/{smuid}", "alice", "g-alice", US0 + smuid, 0, [], [], delivery="one")
+            for smuid in (1, 2, 3)]
+    driver, simple, full = routed_both_ways(spark, tmp_path_factory, current, held + before, batch, nacking)
+    statuses = {row["status"] for row in full["deliveries"].to_pylist() if not row["is_new"]}
+    event(f"released: {'released' in statuses}, retried: {bool(statuses & {'retry', 'trashed'})}")
+    assert driver.query_ms["plan"] == 0
+    assert comparable(simple) == comparable(full)
+
+
+def test_a_delivery_one_message_whose_holder_left_goes_to_another_subscriber_from_the_driver(spark, tmp_path):
+    """bob's login ended holding a DELIVERY ONE message (a ``disconnect`` NACK): the next batch is routed
+    on the driver, carol gets the message, and bob's gateway is told it was ``released``."""
+    config = load_config(env={}, data_dir=str(tmp_path))
+    store_subscriptions(config, {("bob", "/t/x"): (None, None), ("carol", "/t/*"): (None, None)})
+    sink = CommandSink(config)
+    published = sink.outputs(records(spark, [ev.Publish(3, "/t/x", "a/1", "alice", "ga", US0, delivery="one")]), 6, T0)
+    sink.commit_outputs(published, 6)
+    [first] = [json.loads(r["value"])["account"] for r in published["deliver"].to_pylist()]
+    other = {"bob", "carol"} - {first}
+    out = sink.outputs(records(spark, [ev.Nack(first, "g", 3, US0 + 5, 5, "disconnect")]), 7, T0)
+
+    assert sink.query_ms["plan"] == 0
+    assert [(json.loads(r["value"])["account"], json.loads(r["value"])["smuid"]) for r in out["deliver"].to_pylist()] \
+        == [(*other, 3)]
+    assert [json.loads(r["value"]) for r in out["expired"].to_pylist()] \
+        == [{"type": "acked", "account": first, "smuid": 3, "reason": "released"}]
+
+
+def test_a_batch_with_more_than_publishes_acks_nacks_and_subscriptions_is_not_simple():
     assert is_simple(Shape())
-    for field in ("nacks", "clearing", "removals"):
+    for field in ("clearing", "removals"):
         assert not is_simple(Shape(**{field: True}))
 
 
@@ -216,3 +281,4 @@ def test_a_subscribe_whose_since_clears_sends_the_batch_through_the_routing_quer
     sink.outputs(records(spark, [ev.Publish(1, "/t/x", "c", "a", "g", US0),
                                  ev.Subscribe("bob", "gb", "/t/*", US0 + 1, since=US0)]), 7, T0)
     assert sink.query_ms["plan"] > 0
+
