@@ -219,11 +219,11 @@ def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | 
     a Deliver to the new subscriber, ``released`` and an Acked to the old one), and retries counted,
     those out of retries into the Trash.  A delivery routed in this batch carries its count itself."""
     counted = nacks.nacked(events)
-    stored_rows = [] if retrying is None else nacks.stored_rows(retrying)
+    stored_deliveries = [] if retrying is None else nacks.stored_rows(retrying)
     settled = set(acks) | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
     gone = {e["account"] for e in events if e["type"] == "nack" and e["reason"] == "disconnect"}
     first = {**publishes, **{m["smuid"]: m for m in subs.stored_publishes(stored, set())}}  # stored first, as by batch
-    handed_on = nacks.released(counted, stored_rows, settled, gone, spans, first, pick_order, peers)
+    handed_on = nacks.released(counted, stored_deliveries, settled, gone, spans, first, pick_order, peers)
     for release in handed_on:
         message = {**first[release.smuid], "delivery": "one"}
         ack = acks.get((release.to, release.smuid))
@@ -240,7 +240,7 @@ def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | 
     new = {(row["account"], row["smuid"]): row for row in out["deliveries"] if row["is_new"] and row["account"]}
     routed_all = [(account, smuid, "pending", None, row["delivery"]) for (account, smuid), row in new.items()
                   if row["delivery"] == "all"]
-    for retry in nacks.retried(counted, stored_rows + routed_all, settled, handed_on):
+    for retry in nacks.retried(counted, stored_deliveries + routed_all, settled, handed_on):
         row = new.get((retry.account, retry.smuid))
         if row is None:
             out["deliveries"].append({**_SETTLED, "account": retry.account, "smuid": retry.smuid,

@@ -1,9 +1,10 @@
 """NACKs on the driver: retry counts, deliveries out of retries, and DELIVERY ONE messages handed on.
 
 The Python form of :func:`streaming.routing.retried` and :func:`streaming.routing.released`, for
-:func:`streaming.simple_batch.route`.  Why: a NACK sent its batch through the routing query, 2-4 s on
-this host, where the driver routes a batch in well under a second; and a subscriber that stops
-acknowledging, or a login that ends holding DELIVERY ONE messages, NACKs in many batches.  The query
+:func:`streaming.simple_batch.route`.  Why: a NACK sent its batch through the routing query, 2.8-3.3 s
+a batch (p50, ``deploy.sink_bench --nack``) where the driver takes 84-105 ms
+(``bench-results/nacks-on-driver-2026-11-29``); and a subscriber that stops acknowledging, or a
+login that ends holding DELIVERY ONE messages, NACKs in many batches.  The query
 stays the definition: ``tests/streaming/test_simple_batch.py`` proves the two equal.
 
 Keys are (account, smuid); positions (``seq``) are the decoded records' dicts, ordered as
