@@ -29,10 +29,13 @@ class Launcher:
 
     def __init__(self, tmp_path: Path, config: Path | None = None):
         self.data_dir = tmp_path / "data"
-        self.gateway_port, self.broker_port = free_port(), free_port()
+        ports: list[int] = []
+        for _ in range(4):  # four listeners of one start: no two on one port
+            ports.append(free_port(avoid=ports))
+        self.gateway_port, self.broker_port, controller_port, dashboard_port = ports
         self.env = dict(os.environ, SMQP_GATEWAY_PORT=str(self.gateway_port),
                         SMQP_KAFKA_BOOTSTRAP=f"127.0.0.1:{self.broker_port}",
-                        SMQP_LOCAL_KAFKA_CONTROLLER_PORT=str(free_port()), SMQP_DASHBOARD_PORT=str(free_port()),
+                        SMQP_LOCAL_KAFKA_CONTROLLER_PORT=str(controller_port), SMQP_DASHBOARD_PORT=str(dashboard_port),
                         PYTHONUNBUFFERED="1")
         self.env.pop("SMQP_CONFIG", None)
         self.arguments = ["--data-dir", str(self.data_dir)] + (["--config", str(config)] if config else [])
