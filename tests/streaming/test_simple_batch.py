@@ -198,10 +198,9 @@ def test_nacks_routed_on_the_driver_equal_the_routing_query(spark, tmp_path_fact
     """As above with NACKs (most of pending deliveries), and SUBSCRIBEs and UNSUBSCRIBEs in the second
     batch; alice and bob (not other farms' links) subscribed to ``/t/*`` to begin with and three
     DELIVERY ONE messages published there first, so one of them holds each and the other may take it
-    on: retries
-    counted on stored deliveries and on the batch's own (a gateway routing early saw one time out),
-    those out of retries into the Trash, and DELIVERY ONE messages handed on to another subscriber, one
-    that never held it first, never to one whose login ended in the batch."""
+    on.  Retries counted on stored deliveries and on the batch's own (a gateway routing early saw one
+    time out), those out of retries into the Trash, and DELIVERY ONE messages handed on to another
+    subscriber, one that never held it first, never to one whose login ended in the batch."""
     def nacking(stored: list[tuple[str, int]]) -> list[ev.Nack]:  # NACKs of pending deliveries, most of them
         if not stored:
             return []
@@ -219,8 +218,9 @@ def test_nacks_routed_on_the_driver_equal_the_routing_query(spark, tmp_path_fact
 
 
 def test_a_delivery_one_message_whose_holder_left_goes_to_another_subscriber_from_the_driver(spark, tmp_path):
-    """bob's login ended holding a DELIVERY ONE message (a ``disconnect`` NACK): the next batch is routed
-    on the driver, carol gets the message, and bob's gateway is told it was ``released``."""
+    """The login of the subscriber holding a DELIVERY ONE message ended (a ``disconnect`` NACK): the next
+    batch is routed on the driver, the other subscriber gets the message, and the holder's gateway is
+    told it was ``released``."""
     config = load_config(env={}, data_dir=str(tmp_path))
     store_subscriptions(config, {("bob", "/t/x"): (None, None), ("carol", "/t/*"): (None, None)})
     sink = CommandSink(config)
@@ -281,4 +281,3 @@ def test_a_subscribe_whose_since_clears_sends_the_batch_through_the_routing_quer
     sink.outputs(records(spark, [ev.Publish(1, "/t/x", "c", "a", "g", US0),
                                  ev.Subscribe("bob", "gb", "/t/*", US0 + 1, since=US0)]), 7, T0)
     assert sink.query_ms["plan"] > 0
-
