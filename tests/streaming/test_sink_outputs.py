@@ -212,6 +212,33 @@ def test_new_deliveries_no_row_matches_are_appended_the_others_merged(spark, tmp
     assert table_rows(sink, "deliveries") == [("bob", 1, "pending"), ("bob", 2, "pending")]
 
 
+def test_trash_rows_no_stored_row_matches_are_appended_a_message_already_there_is_not_added_again(tmp_path):
+    """The Trash's rows are mostly of messages that die in their batch, which no stored row can match:
+    they are appended, at a fraction of a merge's cost (most batches under load bring an expiry).  A row
+    whose message is in the Trash already, for the same subscriber or for the whole message (a row
+    written with a null account counts as the whole message's), is not added again."""
+    from schemas.spark import TRASH_TABLE, arrow_schema
+
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    schema = arrow_schema(TRASH_TABLE)
+
+    def trash(batch_id, *keys):
+        rows = [{"smuid": smuid, "topic": "/t", "trash_topic": "/t/Trash", "reason": "expired",
+                 "trashed_at": T0, "batch_id": batch_id, "account": account} for smuid, account in keys]
+        sink._commit_trash(pa.Table.from_pylist(rows, schema=schema), batch_id)
+        table = DeltaTable(sink.config.table_path("trash"))
+        stored = sorted(((r["smuid"], r["account"]) for r in table.to_pyarrow_table().to_pylist()),
+                        key=lambda key: (key[0], key[1] or ""))
+        return table.history(1)[0]["operation"], stored
+
+    assert trash(1, (1, ""), (2, "bob")) == ("WRITE", [(1, ""), (2, "bob")])
+    assert trash(2, (3, "")) == ("WRITE", [(1, ""), (2, "bob"), (3, "")])
+    assert trash(3, (1, ""), (2, "ann"), (4, "")) == ("MERGE", [(1, ""), (2, "ann"), (2, "bob"), (3, ""), (4, "")])
+    assert trash(4, (2, "bob"), (3, ""))[1] == [(1, ""), (2, "ann"), (2, "bob"), (3, ""), (4, "")]
+    assert trash(5, (5, None))[0] == "WRITE"
+    assert trash(6, (5, ""))[1][-1:] == [(5, None)]
+
+
 def delivered(out) -> list[tuple[str, int]]:
     return sorted((d.account, d.smuid) for d in map(ev.decode, out["deliver"].column("value").to_pylist()))
 
