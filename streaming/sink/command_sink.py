@@ -144,6 +144,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
+        self._versions: dict[str, int | None] = {}  # the batch each table last committed (:meth:`committed_version`)
         self.recent = RecentMessages()  # committed messages that expire soon (:meth:`stored_messages`)
         self._log_floors: dict[int, int] = {}  # per commands partition, its last record's time (:func:`in_log_order`)
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
@@ -305,15 +306,19 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        if self._done("subscriptions", batch_id):
-            log.info("batch %d: already committed, skipped", batch_id)
-            return
-        records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
-        now = batch_now(records)
-        self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
-        self._route(batch_df, batch_id, records, now, started)
-        self._log_floors = floors
-        self.compact(now)  # here for the same reason, once the batch's records are out
+        try:
+            if self._done("subscriptions", batch_id):
+                log.info("batch %d: already committed, skipped", batch_id)
+                return
+            records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
+            now = batch_now(records)
+            self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
+            self._route(batch_df, batch_id, records, now, started)
+            self._log_floors = floors
+            self.compact(now)  # here for the same reason, once the batch's records are out
+        except BaseException:
+            self.forget_versions()  # its replay asks the tables what it committed
+            raise
 
     def _route(self, batch_df: DataFrame, batch_id: int, records: pa.Table, now: int | None, started: float) -> None:
         """Route one batch (its ``records`` in log order, its clock ``now``), emit, commit, announce."""

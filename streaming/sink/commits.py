@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from delta_edge import rows_within
 from schemas.spark import DELIVERIES_TABLE, TABLES, arrow_schema
-
-
-def _commit(app_id: str, batch_id: int) -> CommitProperties:
-    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
 
 
 def _holds_any(table: DeltaTable, rows: pa.Table, low: int, high: int) -> bool:
@@ -72,8 +68,8 @@ class DeltaCommits:
         """Append the batch's messages; returns them as the table holds them now."""
         rows = _to_table(arrow, "messages")
         if rows.num_rows and (table := self._uncommitted("messages", batch_id)) is not None:
-            write_deltalake(table, rows, mode="append",
-                            commit_properties=_commit(self.app_id("messages"), batch_id))
+            with self._committing("messages", batch_id) as txn:
+                write_deltalake(table, rows, mode="append", commit_properties=txn)
         return rows
 
     def _commit_deliveries(self, arrow: pa.Table, batch_id: int, name: str = "deliveries") -> None:
@@ -85,59 +81,61 @@ class DeltaCommits:
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
         if pc.all(arrow.column("is_new")).as_py() and not _holds_any(table, rows, low, high):
             # what the merge below would do (every row inserted), at a third of its cost
-            write_deltalake(table, rows, mode="append", commit_properties=_commit(self.app_id(name), batch_id))
+            with self._committing(name, batch_id) as txn:
+                write_deltalake(table, rows, mode="append", commit_properties=txn)
             return
         source = rows.append_column("is_new", arrow.column("is_new"))
         columns = DELIVERIES_TABLE.fieldNames()
-        (
-            table.merge(
-                source,
-                predicate=(f"t.account = s.account AND t.smuid = s.smuid "
-                           f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
-                source_alias="s", target_alias="t",
-                commit_properties=_commit(self.app_id(name), batch_id),
+        with self._committing(name, batch_id) as txn:
+            (
+                table.merge(
+                    source,
+                    predicate=(f"t.account = s.account AND t.smuid = s.smuid "
+                               f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
+                    source_alias="s", target_alias="t",
+                    commit_properties=txn,
+                )
+                .when_matched_update(
+                    updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
+                    predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed', 'released')",
+                )
+                .when_matched_update(
+                    updates={"status": "s.status"},
+                    predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted', 'waiting')",
+                )
+                .when_matched_update(
+                    updates={"status": "s.status", "retries": "s.retries"},
+                    predicate="s.status = 'trashed' AND t.status = 'pending'",
+                )
+                .when_matched_update(
+                    updates={"retries": "s.retries"},
+                    predicate="s.status = 'retry' AND t.status = 'pending'",
+                )
+                .when_matched_update(  # handed on (DELIVERY ONE), or cleared by a new SINCE
+                    updates={"status": "s.status"},
+                    predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
+                )
+                .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed;
+                    updates={"status": "s.status"},  # a ``waiting`` one: a subscriber had room for it
+                    predicate=("NOT s.is_new AND ((s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')) "
+                               "OR (s.status = 'trashed' AND t.status = 'removed'))"),
+                )
+                .when_matched_update(  # a DELIVERY ONE message handed on, and nobody has room for it now
+                    updates={"status": "s.status"},
+                    predicate="s.is_new AND s.status = 'waiting' AND t.status IN ('unrouted', 'routed')",
+                )
+                .when_matched_update(  # a message a late subscriber took from ``unrouted`` outlives its topic
+                    updates={"status": "s.status"},
+                    predicate="s.is_new AND s.status = 'removed' AND t.status = 'routed'",
+                )
+                .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
+                    updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",
+                             "retries": "s.retries"},
+                    predicate="s.is_new AND s.status = 'pending' AND t.status = 'released'",
+                )
+                .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
+                .execute()
             )
-            .when_matched_update(
-                updates={"status": "s.status", "acked_at": "s.acked_at", "acked_guid": "s.acked_guid"},
-                predicate="s.status = 'acked' AND t.status NOT IN ('acked', 'expired', 'trashed', 'released')",
-            )
-            .when_matched_update(
-                updates={"status": "s.status"},
-                predicate="s.status = 'expired' AND t.status IN ('pending', 'unrouted', 'waiting')",
-            )
-            .when_matched_update(
-                updates={"status": "s.status", "retries": "s.retries"},
-                predicate="s.status = 'trashed' AND t.status = 'pending'",
-            )
-            .when_matched_update(
-                updates={"retries": "s.retries"},
-                predicate="s.status = 'retry' AND t.status = 'pending'",
-            )
-            .when_matched_update(  # handed on (DELIVERY ONE), or cleared by a new SINCE
-                updates={"status": "s.status"},
-                predicate="s.status IN ('released', 'cleared') AND t.status = 'pending'",
-            )
-            .when_matched_update(  # an ``unrouted`` row: a late subscriber took it, or its topic was removed;
-                updates={"status": "s.status"},  # a ``waiting`` one: a subscriber had room for it
-                predicate=("NOT s.is_new AND ((s.status IN ('routed', 'trashed') AND t.status IN ('unrouted', 'waiting')) "
-                           "OR (s.status = 'trashed' AND t.status = 'removed'))"),
-            )
-            .when_matched_update(  # a DELIVERY ONE message handed on, and nobody has room for it now
-                updates={"status": "s.status"},
-                predicate="s.is_new AND s.status = 'waiting' AND t.status IN ('unrouted', 'routed')",
-            )
-            .when_matched_update(  # a message a late subscriber took from ``unrouted`` outlives its topic
-                updates={"status": "s.status"},
-                predicate="s.is_new AND s.status = 'removed' AND t.status = 'routed'",
-            )
-            .when_matched_update(  # a DELIVERY ONE message handed back to a subscriber that held it before
-                updates={"status": "s.status", "routed_at": "s.routed_at", "routed_batch_id": "s.routed_batch_id",
-                         "retries": "s.retries"},
-                predicate="s.is_new AND s.status = 'pending' AND t.status = 'released'",
-            )
-            .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate="s.is_new")
-            .execute()
-        )
 
     def _commit_trash(self, arrow: pa.Table, batch_id: int) -> None:
         """Insert the batch's Trash rows; a message already in the Trash (for the whole message,
@@ -148,42 +146,46 @@ class DeltaCommits:
         smuids = rows.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
         if not _holds_any(table, rows, low, high):  # what the merge below would do, at a fraction of its cost
-            write_deltalake(table, rows, mode="append", commit_properties=_commit(self.app_id("trash"), batch_id))
+            with self._committing("trash", batch_id) as txn:
+                write_deltalake(table, rows, mode="append", commit_properties=txn)
             return
-        (
-            table.merge(
-                rows, predicate=(f"t.smuid = s.smuid AND coalesce(t.account, '') = s.account "
-                                 f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
-                source_alias="s", target_alias="t",
-                commit_properties=_commit(self.app_id("trash"), batch_id),
+        with self._committing("trash", batch_id) as txn:
+            (
+                table.merge(
+                    rows, predicate=(f"t.smuid = s.smuid AND coalesce(t.account, '') = s.account "
+                                     f"AND t.smuid >= {int(low)} AND t.smuid <= {int(high)}"),
+                    source_alias="s", target_alias="t",
+                    commit_properties=txn,
+                )
+                .when_not_matched_insert_all()
+                .execute()
             )
-            .when_not_matched_insert_all()
-            .execute()
-        )
 
     def _commit_receipts(self, arrow: pa.Table, batch_id: int) -> None:
         """Record the receipts sent: a message is answered once, ever."""
         rows = _to_table(arrow, "receipts")
         if not rows.num_rows or (table := self._uncommitted("receipts", batch_id)) is None:
             return
-        (
-            table.merge(rows, predicate="t.smuid = s.smuid", source_alias="s", target_alias="t",
-                        commit_properties=_commit(self.app_id("receipts"), batch_id))
-            .when_not_matched_insert_all()
-            .execute()
-        )
+        with self._committing("receipts", batch_id) as txn:
+            (
+                table.merge(rows, predicate="t.smuid = s.smuid", source_alias="s", target_alias="t",
+                            commit_properties=txn)
+                .when_not_matched_insert_all()
+                .execute()
+            )
 
     def _commit_subscriptions(self, arrow: pa.Table, batch_id: int) -> None:
         rows = _to_table(arrow, "subscriptions")
         if not rows.num_rows:
             return
-        (
-            self._table("subscriptions").merge(
-                rows, predicate="t.account = s.account AND t.pattern = s.pattern",
-                source_alias="s", target_alias="t",
-                commit_properties=_commit(self.app_id("subscriptions"), batch_id),
+        with self._committing("subscriptions", batch_id) as txn:
+            (
+                self._table("subscriptions").merge(
+                    rows, predicate="t.account = s.account AND t.pattern = s.pattern",
+                    source_alias="s", target_alias="t",
+                    commit_properties=txn,
+                )
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute()
             )
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute()
-        )

@@ -4,8 +4,11 @@ transactions that make a replayed batch write nothing twice.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import pyarrow as pa
-from deltalake import DeltaTable, Schema
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 
 from schemas.spark import TABLES, TABLE_PROPERTIES, arrow_schema
 
@@ -14,7 +17,8 @@ class DeltaTables:
     """The Delta tables, open (``_tables``, set up by the host), and the app transactions of this query.
 
     A mixin of :class:`streaming.sink.command_sink.CommandSink`: it uses the sink's ``config`` (where
-    the tables are) and ``query_name`` (the app-transaction ids).
+    the tables are) and ``query_name`` (the app-transaction ids), and keeps ``_versions`` (set up by the
+    host: :meth:`committed_version`).
     """
 
     def app_id(self, table: str) -> str:
@@ -22,10 +26,28 @@ class DeltaTables:
         return f"{self.query_name}:{table}"
 
     def committed_version(self, table: str) -> int | None:
-        """The last batch id committed to ``table`` by this query (None: never)."""
-        if not self._exists(table):
-            return None
-        return self._table(table).transaction_version(self.app_id(table))
+        """The last batch id committed to ``table`` by this query (None: never).
+
+        Read from the table once, then kept as this sink's own commits move it (:meth:`_committing`):
+        delta-rs reads it from the log's actions each time it is asked (1-3 ms, five times a batch),
+        and only this query writes its app transactions.  A batch that fails forgets what was kept
+        (:meth:`forget_versions`): a commit that raised may have landed all the same."""
+        if table not in self._versions:
+            if not self._exists(table):
+                return None
+            self._versions[table] = self._table(table).transaction_version(self.app_id(table))
+        return self._versions[table]
+
+    @contextmanager
+    def _committing(self, table: str, batch_id: int) -> Iterator[CommitProperties]:
+        """The commit properties of ``batch_id``'s commit to ``table`` (its app transaction), for the
+        ``with`` block that commits; once the block ends without an error, ``table`` holds ``batch_id``."""
+        yield CommitProperties(app_transactions=[Transaction(self.app_id(table), batch_id)])
+        self._versions[table] = batch_id
+
+    def forget_versions(self) -> None:
+        """Ask each table again for the batch it last committed (after a batch failed)."""
+        self._versions.clear()
 
     def _exists(self, name: str) -> bool:
         return name in self._tables or DeltaTable.is_deltatable(self.config.table_path(name))
@@ -80,6 +102,4 @@ class DeltaTables:
 
     def _uncommitted(self, name: str, batch_id: int) -> DeltaTable | None:
         """Table ``name`` opened once for this commit, or None when it already holds ``batch_id``."""
-        table = self._table(name)
-        version = table.transaction_version(self.app_id(name))
-        return None if version is not None and version >= batch_id else table
+        return None if self._done(name, batch_id) else self._table(name)

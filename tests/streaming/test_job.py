@@ -186,6 +186,31 @@ def test_batch_failing_midway_is_completed_by_its_replay(spark, config, sink, mo
     assert [(s["account"], s["active"]) for s in table(config, "subscriptions")] == [("bob", True)]
 
 
+def test_a_commit_that_lands_and_then_raises_is_not_made_again_by_the_batchs_replay(spark, config, sink, monkeypatch):
+    """The sink keeps the batch each table last committed, from its own commits, rather than asking the
+    Delta log each time.  A commit may land and still raise (a failure after the log entry is written),
+    so a batch that fails forgets what it kept, and its replay finds the commit in the table."""
+    import streaming.sink.commits as commits
+
+    sink(batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0)] + publishes(range(1, 3), "/t")), 0)
+    real = commits.write_deltalake
+
+    def lands_then_raises(table, rows, **options):
+        real(table, rows, **options)
+        raise OSError("connection reset after the commit")
+
+    frame = batch_frame(spark, publishes(range(3, 5), "/t"), 3)
+    monkeypatch.setattr(commits, "write_deltalake", lands_then_raises)
+    with pytest.raises(OSError, match="after the commit"):
+        sink(frame, 1)
+    monkeypatch.setattr(commits, "write_deltalake", real)
+    sink(frame, 1)
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4]
+    assert sorted((d["smuid"], d["status"]) for d in table(config, "deliveries")) == [
+        (s, "pending") for s in range(1, 5)]
+    assert sink.committed_version("messages") == sink.committed_version("deliveries") == 1
+
+
 @pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
 def test_a_job_that_dies_between_its_kafka_emission_and_its_delta_commit_replays_the_batch_once(
         spark, config, sink, monkeypatch):
