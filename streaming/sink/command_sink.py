@@ -143,6 +143,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         # whether DELIVERY ONE messages may be waiting for a subscriber with room (None: not read yet)
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
+        self._active: tuple[int, pa.Table] | None = None  # the active subscriptions at a table version
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
         self._versions: dict[str, int | None] = {}  # the batch each table last committed (:meth:`committed_version`)
         self.recent = RecentMessages()  # committed messages that expire soon (:meth:`stored_messages`)

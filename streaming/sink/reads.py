@@ -34,16 +34,24 @@ class StoredReads:
     topic's removal.
 
     A mixin of :class:`streaming.sink.command_sink.CommandSink`: it reads through
-    :class:`~streaming.sink.tables.DeltaTables` and keeps ``_removed_held`` (set up by the host) up to date.
+    :class:`~streaming.sink.tables.DeltaTables` and keeps ``_removed_held`` and ``_active`` (set up by
+    the host) up to date.
     """
 
     def active_subscriptions(self) -> pa.Table:
-        """Active rows of the ``subscriptions`` Delta table."""
+        """Active rows of the ``subscriptions`` Delta table.
+
+        Kept per table version (``_active``): a batch asks up to twice, and most batches change no
+        subscription, while each read of the table's files took ~5 ms.  The sink is the table's one
+        writer, and its open table moves with each of its commits (:meth:`_table`)."""
         schema = arrow_schema(SUBSCRIPTIONS_TABLE)
         if not self._exists("subscriptions"):
             return schema.empty_table()
-        arrow = self._table("subscriptions").to_pyarrow_table(filters=[("active", "=", True)])
-        return _with_columns(arrow, schema).select(schema.names).cast(schema)
+        table = self._table("subscriptions")
+        if self._active is None or self._active[0] != table.version():
+            arrow = table.to_pyarrow_table(filters=[("active", "=", True)])
+            self._active = (table.version(), _with_columns(arrow, schema).select(schema.names).cast(schema))
+        return self._active[1]
 
     def current_subscriptions(self, spark: SparkSession) -> DataFrame:
         """Active rows of the ``subscriptions`` Delta table, as a Spark frame."""
