@@ -144,6 +144,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self._waiting: bool | None = None
         self._removed_held: set[int] | None = None  # see :meth:`removed_held`
         self._active: tuple[int, pa.Table] | None = None  # the active subscriptions at a table version
+        self._expiry_floor: int | None = None  # no stored delivery expires before (µs; :meth:`expiry_candidates`)
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
         self._versions: dict[str, int | None] = {}  # the batch each table last committed (:meth:`committed_version`)
         self.recent = RecentMessages()  # committed messages that expire soon (:meth:`stored_messages`)
@@ -319,6 +320,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
             self.compact(now)  # here for the same reason, once the batch's records are out
         except BaseException:
             self.forget_versions()  # its replay asks the tables what it committed
+            self.forget_expiry_floor()
             raise
 
     def _route(self, batch_df: DataFrame, batch_id: int, records: pa.Table, now: int | None, started: float) -> None:

@@ -60,6 +60,7 @@ class DeltaCommits:
         # after deliveries: a replay that finds this batch's deliveries committed takes DELIVERY ONE's
         # holders from them (:meth:`limit_in_flight`) and still owes the waiting rows that go with them
         self._commit_deliveries(deliveries.filter(nobody), batch_id, "unrouted")
+        self.lower_expiry_floor(deliveries)
         self._commit_receipts(out["receipts"], batch_id)  # after deliveries: a replay makes the same receipts
         self._commit_subscriptions(out["subscriptions"], batch_id)
         self._note_removed(out)

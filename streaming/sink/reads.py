@@ -24,6 +24,24 @@ def _with_columns(arrow: pa.Table, schema: pa.Schema) -> pa.Table:
     return arrow
 
 
+#: The statuses of a delivery that expire at its message's ``expires_at`` (``unrouted``: nobody got it yet;
+#: ``waiting``: a DELIVERY ONE message waiting for a subscriber with room).
+_EXPIRING = ("pending", "unrouted", "waiting")
+_MAY_EXPIRE = "status IN ({})".format(", ".join(f"'{status}'" for status in _EXPIRING))
+
+#: A floor past any time: no stored row may expire.
+_NEVER = 1 << 62
+
+
+def _next_expiry(query: QueryBuilder, now: int) -> int:
+    """The earliest ``expires_at`` (µs) after ``now`` of a row of ``query``'s tables that may expire."""
+    after = f"WHERE {_MAY_EXPIRE} AND expires_at > to_timestamp_micros({int(now)})"
+    earliest = pa.table(query.execute(
+        f"SELECT min(at) AS at FROM (SELECT CAST(expires_at AS BIGINT) AS at FROM deliveries {after} "
+        f"UNION ALL SELECT CAST(expires_at AS BIGINT) AS at FROM unrouted {after})")).column("at")[0].as_py()
+    return _NEVER if earliest is None else earliest
+
+
 def _sql_string(text: str) -> str:
     """``text`` as a SQL string literal (for the delta-rs queries)."""
     return "'" + text.replace("'", "''") + "'"
@@ -34,8 +52,8 @@ class StoredReads:
     topic's removal.
 
     A mixin of :class:`streaming.sink.command_sink.CommandSink`: it reads through
-    :class:`~streaming.sink.tables.DeltaTables` and keeps ``_removed_held`` and ``_active`` (set up by
-    the host) up to date.
+    :class:`~streaming.sink.tables.DeltaTables` and keeps ``_removed_held``, ``_active`` and
+    ``_expiry_floor`` (set up by the host) up to date.
     """
 
     def active_subscriptions(self) -> pa.Table:
@@ -63,19 +81,44 @@ class StoredReads:
 
         Reads only those rows: delta-rs prunes files by their ``status`` and
         ``expires_at`` statistics, so rows already settled and messages that
-        expire later mostly cost nothing.  ``deliveries``: the table, when the batch opened it already.
+        expire later mostly cost nothing.  And reads nothing while ``now`` is before the
+        earliest time a stored row may expire, asked of the tables with the last read that found
+        none and brought forward by each commit (:meth:`lower_expiry_floor`).  ``deliveries``: the
+        table, when the batch opened it already.
         """
         schema = arrow_schema(PENDING)
-        if now is None:
+        if now is None or (self._expiry_floor is not None and now < self._expiry_floor):
             return schema.empty_table()
         # delta-rs' own engine (DataFusion): merges write string_view columns, which pyarrow's
         # dataset filters cannot compare with the table's string statistics.
+        query = (QueryBuilder().register("deliveries", deliveries or self._table("deliveries"))
+                 .register("unrouted", self._table("unrouted")))
         columns = ", ".join(schema.names)
-        where = f"WHERE status IN ('pending', 'unrouted', 'waiting') AND expires_at <= to_timestamp_micros({int(now)})"
-        reader = (QueryBuilder().register("deliveries", deliveries or self._table("deliveries"))
-                  .register("unrouted", self._table("unrouted"))
-                  .execute(f"SELECT {columns} FROM deliveries {where} UNION ALL SELECT {columns} FROM unrouted {where}"))
-        return pa.table(reader).cast(schema)
+        where = f"WHERE {_MAY_EXPIRE} AND expires_at <= to_timestamp_micros({int(now)})"
+        rows = pa.table(query.execute(f"SELECT {columns} FROM deliveries {where} "
+                                      f"UNION ALL SELECT {columns} FROM unrouted {where}")).cast(schema)
+        # none expires before the next of the others, unless this batch expires these (then ask again)
+        self._expiry_floor = None if rows.num_rows else _next_expiry(query, now)
+        return rows
+
+    def lower_expiry_floor(self, deliveries: pa.Table) -> None:
+        """Take into :meth:`expiry_candidates`' floor the expiry of the rows a batch committed
+        (``deliveries`` and ``unrouted`` rows) that may expire: new ones, or one waiting again.
+
+        Why a floor: asking both tables for what expires took ~9 % of a quiet batch (py-spy), and
+        mostly found nothing.  The floor is the earliest time a stored row may expire; it holds
+        while the sink is the tables' one writer, and every row it commits goes through here.  A
+        row's ``expires_at`` is its message's, so a status update moves it no earlier."""
+        if self._expiry_floor is None:
+            return
+        may = deliveries.filter(pc.fill_null(pc.is_in(deliveries.column("status"), pa.array(_EXPIRING)), False))
+        earliest = pc.min(may.column("expires_at").cast(pa.int64())).as_py() if may.num_rows else None
+        if earliest is not None:
+            self._expiry_floor = min(self._expiry_floor, earliest)
+
+    def forget_expiry_floor(self) -> None:
+        """Ask the tables again at the next batch (after a batch failed: what it committed is not known)."""
+        self._expiry_floor = None
 
     def retry_candidates(self, deliveries: DeltaTable, keys: list[tuple[str, int]]) -> pa.Table:
         """The stored ``deliveries`` rows (:data:`streaming.routing.RETRYING`) of the messages the NACKed

@@ -6,6 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
@@ -296,6 +298,55 @@ def test_an_expiring_message_goes_to_the_trash_alike_from_the_jobs_memory_and_fr
         "gp", 2, T0 + timedelta(microseconds=1))
     assert from_memory["trash"].to_pylist() == from_table["trash"].to_pylist()
     assert withdrawn(from_memory) == withdrawn(from_table) == [("bob", 1, "expired")]
+
+
+def test_a_message_expiring_before_every_stored_one_expires_at_its_time(spark, tmp_path):
+    """The sink asks the tables what expires only once a batch's clock reaches the earliest stored
+    expiry it knows of; a message committed since, expiring before that, brings that time forward.
+    A message that expires is answered as such whichever of the two the batch found it by."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    expiring = lambda smuid, at, expires_at: ev.Publish(smuid, "/t", f"c{smuid}", "alice", "gp", at,
+                                                        expires_at=expires_at)
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t", US0), expiring(1, US0 + 1, US0 + 10_000_000)])
+    assert withdrawn(run_batch(spark, sink, 1, [ev.Tick(US0 + 1_000_000)], offset=10)) == []
+    run_batch(spark, sink, 2, [expiring(2, US0 + 1_500_000, US0 + 2_000_000)], offset=20)
+    assert withdrawn(run_batch(spark, sink, 3, [ev.Tick(US0 + 3_000_000)], offset=30)) == [("bob", 2, "expired")]
+    assert withdrawn(run_batch(spark, sink, 4, [ev.Tick(US0 + 9_000_000)], offset=40)) == []
+    assert withdrawn(run_batch(spark, sink, 5, [ev.Tick(US0 + 10_000_000)], offset=50)) == [("bob", 1, "expired")]
+    assert withdrawn(run_batch(spark, sink, 6, [ev.Tick(US0 + 20_000_000)], offset=60)) == []
+    assert sorted((r["smuid"], r["reason"]) for r in DeltaTable(sink.config.table_path("trash")).to_pyarrow_table()
+                  .to_pylist()) == [(1, "expired"), (2, "expired")]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.lists(st.one_of(st.none(), st.integers(1, 8)), max_size=4),  # Timeouts, s
+                                st.booleans(),  # the batch ACKs what it can
+                                st.integers(0, 4)),  # seconds the clock moves on
+                      min_size=2, max_size=6))
+def test_a_sink_that_keeps_its_expiry_floor_expires_what_one_asking_the_tables_each_batch_does(
+        spark, tmp_path_factory, steps):
+    """Batches of publishes (some with a Timeout), ACKs and ticks through one long-lived sink, and
+    each through a sink just made (which knows no floor and asks the tables): the same expiries,
+    batch by batch."""
+    kept = CommandSink(load_config(env={}, data_dir=str(tmp_path_factory.mktemp("kept"))))
+    fresh_config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("fresh")))
+    smuid, clock, offset, unacked = 0, US0, 0, []
+    for batch_id, (timeouts, acking, moves) in enumerate(steps):
+        commands = [ev.Subscribe("bob", "gb", "/t", US0)] if batch_id == 0 else []
+        for timeout in timeouts:
+            smuid += 1
+            clock += 1000
+            commands.append(ev.Publish(smuid, "/t", f"c{smuid}", "alice", "gp", clock,
+                                       expires_at=None if timeout is None else clock + timeout * 1_000_000))
+        if acking and unacked:
+            commands.append(ev.Ack("bob", "gb", unacked.pop(0), clock + 1))
+        unacked += [c.smuid for c in commands if isinstance(c, ev.Publish)]
+        clock += moves * 1_000_000
+        commands.append(ev.Tick(clock))
+        expired = [withdrawn(run_batch(spark, sink, batch_id, commands, offset=offset))
+                   for sink in (kept, CommandSink(fresh_config))]
+        assert expired[0] == expired[1]
+        offset += len(commands)
 
 
 def test_a_subscribe_with_since_clears_what_is_pending_before_it(spark, tmp_path):
