@@ -54,7 +54,7 @@ from streaming.sink.commits import DeltaCommits
 from streaming.sink.decoding import decode_records, decoded_events, events_by_kind, in_log_order
 from streaming.sink.holders import InFlightLimit
 from streaming.sink.query import OUTPUTS, PROGRESS, RECEIPTED, STORED, batch_sql
-from streaming.sink.reads import StoredReads
+from streaming.sink.reads import EXPIRING, StoredReads
 from streaming.sink.recent import RecentMessages
 from streaming.sink.records import (
     acked_smuids,
@@ -122,7 +122,7 @@ def _expiries(deliveries: pa.Table) -> list[int]:
     """When the batch's new deliveries that may expire do (µs, distinct): pending, unrouted or waiting
     ones of a message with a timeout."""
     new = deliveries.filter(pc.fill_null(pc.and_(deliveries.column("is_new"), pc.is_in(
-        deliveries.column("status"), pa.array(["pending", "unrouted", "waiting"]))), False))
+        deliveries.column("status"), pa.array(EXPIRING))), False))
     return pc.unique(new.column("expires_at").cast(pa.int64()).drop_null()).to_pylist()
 
 

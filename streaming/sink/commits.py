@@ -65,6 +65,17 @@ class DeltaCommits:
         self._commit_subscriptions(out["subscriptions"], batch_id)
         self._note_removed(out)
 
+    def _appended_unless_held(self, table: DeltaTable, rows: pa.Table, name: str, batch_id: int,
+                              low: int, high: int) -> bool:
+        """Append ``rows`` (SMUIDs ``low`` to ``high``) to ``table`` when it holds none of their
+        ``(account, smuid)`` keys (:func:`_holds_any`): what inserting them by a merge would do, at a
+        third of its cost.  False, and nothing written, when it holds one."""
+        if _holds_any(table, rows, low, high):
+            return False
+        with self._committing(name, batch_id) as txn:
+            write_deltalake(table, rows, mode="append", commit_properties=txn)
+        return True
+
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> pa.Table:
         """Append the batch's messages; returns them as the table holds them now."""
         rows = _to_table(arrow, "messages")
@@ -80,10 +91,8 @@ class DeltaCommits:
         rows = _to_table(arrow, name)
         smuids = rows.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
-        if pc.all(arrow.column("is_new")).as_py() and not _holds_any(table, rows, low, high):
-            # what the merge below would do (every row inserted), at a third of its cost
-            with self._committing(name, batch_id) as txn:
-                write_deltalake(table, rows, mode="append", commit_properties=txn)
+        if pc.all(arrow.column("is_new")).as_py() and self._appended_unless_held(table, rows, name, batch_id,
+                                                                                  low, high):
             return
         source = rows.append_column("is_new", arrow.column("is_new"))
         columns = DELIVERIES_TABLE.fieldNames()
@@ -146,9 +155,7 @@ class DeltaCommits:
             return
         smuids = rows.column("smuid")
         low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
-        if not _holds_any(table, rows, low, high):  # what the merge below would do, at a fraction of its cost
-            with self._committing("trash", batch_id) as txn:
-                write_deltalake(table, rows, mode="append", commit_properties=txn)
+        if self._appended_unless_held(table, rows, "trash", batch_id, low, high):
             return
         with self._committing("trash", batch_id) as txn:
             (

@@ -26,8 +26,8 @@ def _with_columns(arrow: pa.Table, schema: pa.Schema) -> pa.Table:
 
 #: The statuses of a delivery that expire at its message's ``expires_at`` (``unrouted``: nobody got it yet;
 #: ``waiting``: a DELIVERY ONE message waiting for a subscriber with room).
-_EXPIRING = ("pending", "unrouted", "waiting")
-_MAY_EXPIRE = "status IN ({})".format(", ".join(f"'{status}'" for status in _EXPIRING))
+EXPIRING = ("pending", "unrouted", "waiting")
+_MAY_EXPIRE = "status IN ({})".format(", ".join(f"'{status}'" for status in EXPIRING))
 
 #: A floor past any time: no stored row may expire.
 _NEVER = 1 << 62
@@ -66,9 +66,10 @@ class StoredReads:
         if not self._exists("subscriptions"):
             return schema.empty_table()
         table = self._table("subscriptions")
-        if self._active is None or self._active[0] != table.version():
+        version = table.version()
+        if self._active is None or self._active[0] != version:
             arrow = table.to_pyarrow_table(filters=[("active", "=", True)])
-            self._active = (table.version(), _with_columns(arrow, schema).select(schema.names).cast(schema))
+            self._active = (version, _with_columns(arrow, schema).select(schema.names).cast(schema))
         return self._active[1]
 
     def current_subscriptions(self, spark: SparkSession) -> DataFrame:
@@ -111,7 +112,7 @@ class StoredReads:
         row's ``expires_at`` is its message's, so a status update moves it no earlier."""
         if self._expiry_floor is None:
             return
-        may = deliveries.filter(pc.fill_null(pc.is_in(deliveries.column("status"), pa.array(_EXPIRING)), False))
+        may = deliveries.filter(pc.fill_null(pc.is_in(deliveries.column("status"), pa.array(EXPIRING)), False))
         earliest = pc.min(may.column("expires_at").cast(pa.int64())).as_py() if may.num_rows else None
         if earliest is not None:
             self._expiry_floor = min(self._expiry_floor, earliest)
