@@ -36,6 +36,9 @@ def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():
         "maxOffsetsPerTrigger": "5000",
         "failOnDataLoss": "true",  # never skip commands that retention deleted
         "includeHeaders": "false",  # no headers column: the same columns as smqp_kafka
+        # the executor's consumer prefetches past each batch; Kafka's 500 ms default held the next
+        # batch's fetch behind that wait (a quiet batch 224 ms to reach the driver, 46-60 with 1-10)
+        "kafka.fetch.max.wait.ms": "5",
     })
 
 
