@@ -8,10 +8,12 @@ or on a Spark cluster with ``deploy/spark-submit.sh --master spark://host:7077``
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -72,6 +74,44 @@ def source_options(config: SMQPConfig) -> tuple[str, dict[str, str]]:
     return "smqp_kafka", options
 
 
+def checkpoint_source(checkpoint_dir: str) -> str | None:
+    """The ``[streaming] source`` that began the checkpoint at ``checkpoint_dir`` ("kafka" or "python"),
+    told by the form of its last offsets; None for a checkpoint that holds none yet (or one not on a
+    local path, which is not looked at).
+
+    Spark's offset log keeps each source's offsets in that source's own JSON (its third line): Spark's
+    Kafka source ``{"<topic>": {"<partition>": offset}}``, ours ``{"<partition>": offset}``, and
+    neither reads the other's."""
+    offsets = Path(checkpoint_dir.removeprefix("file:"), "offsets")
+    if "://" in checkpoint_dir or not offsets.is_dir():
+        return None
+    batches = [int(path.name) for path in offsets.iterdir() if path.name.isdigit()]
+    if not batches:
+        return None
+    lines = Path(offsets, str(max(batches))).read_text().splitlines()
+    try:
+        positions = json.loads(lines[2])
+    except (IndexError, ValueError):
+        return None  # half written: Spark's own recovery decides
+    if not isinstance(positions, dict) or not positions:
+        return None
+    return "kafka" if all(isinstance(value, dict) for value in positions.values()) else "python"
+
+
+def with_checkpoint_source(config: SMQPConfig) -> SMQPConfig:
+    """``config``, but reading with the source its checkpoint began with, if that is the other one
+    (:func:`checkpoint_source`): a checkpoint keeps its source, so an upgrade that changed the default
+    (to Spark's Kafka source) goes on from where the job stopped; ``source`` applies to a new data dir
+(not to a new checkpoint beside old tables, whose app transactions count the old one's batches)."""
+    began = checkpoint_source(config.checkpoint_dir)
+    if began is None or began == config.streaming.source:
+        return config
+    log.warning("checkpoint %s was begun by the %r commands source: reading on with it, not %r "
+                "([streaming] source applies to a new data dir)",
+                config.checkpoint_dir, began, config.streaming.source)
+    return replace(config, streaming=replace(config.streaming, source=began))
+
+
 def read_commands(spark: SparkSession, config: SMQPConfig) -> DataFrame:
     """The commands topic as a stream with exactly the ``KAFKA_RECORD`` columns."""
     source, options = source_options(config)
@@ -93,6 +133,7 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     to the commands topic every ``streaming.tick_interval_s`` while the query runs, and
     whenever a delivery the sink routed expires.
     """
+    config = with_checkpoint_source(config)
     streaming = config.streaming
     records = read_commands(spark, config)
     sink = sink or CommandSink(config)
@@ -165,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("kafka", "py4j"):  # their INFO is per-connection / per-callback chatter
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    config = load_config(args.config)
+    config = with_checkpoint_source(load_config(args.config))
     if config.streaming.nice:  # before Spark starts: its JVM and Python workers inherit it
         yield_cpu(config.streaming.nice)
     log.info("commands %s (source %s) → deliveries %s on %s", config.kafka.commands_topic,

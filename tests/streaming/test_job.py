@@ -17,7 +17,7 @@ from deploy.broker import create_topics
 from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
-from streaming.job import build_query, main
+from streaming.job import build_query, checkpoint_source, main
 from streaming.sink import CommandSink
 
 pytestmark = pytest.mark.e2e
@@ -148,6 +148,31 @@ def batch_frame(spark, events, first_offset=0):
     rows = [(None, e.to_bytes(), "cmd", 0, first_offset + i, datetime(2024, 1, 1, tzinfo=timezone.utc), 0)
             for i, e in enumerate(events)]
     return spark.createDataFrame(rows, KAFKA_RECORD)
+
+
+@pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
+def test_a_checkpoint_keeps_the_commands_source_that_began_it_when_the_setting_changes(spark, config, sink):
+    """A data dir begun with one commands source, reopened with the other (as by an upgrade that moved
+    the default): the job reads on with the checkpoint's own, from where it stopped, and says so.
+    Spark keeps each source's offsets in a form of its own, and the other could not read them."""
+    produce(config, [ev.Subscribe("bob", "gb", "/stocks/*", T0)] + publishes(range(1, 4)))
+    run_available_now(spark, config, sink)
+    other = "kafka" if config.streaming.source == "python" else "python"
+    assert checkpoint_source(config.checkpoint_dir) == config.streaming.source
+    reopened = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, source=other))
+
+    produce(config, publishes(range(4, 7)))
+    run_available_now(spark, reopened, sink)
+    assert sorted(m["smuid"] for m in table(config, "messages")) == list(range(1, 7))  # each once
+    assert sorted(d["smuid"] for d in table(config, "deliveries")) == list(range(1, 7))
+    out = deliveries_topic(config, at_least=6)
+    assert [e for _, e in out if isinstance(e, ev.Progress)][-1].commands_offsets == {"0": 7}
+
+
+def test_a_new_checkpoint_has_no_commands_source_yet(tmp_path):
+    assert checkpoint_source(str(tmp_path / "nothing-here")) is None
+    (tmp_path / "offsets").mkdir()
+    assert checkpoint_source(str(tmp_path)) is None
 
 
 def test_sink_replay_of_a_batch_never_duplicates_rows(spark, config, sink):
