@@ -59,6 +59,7 @@ from deploy.compare_report import jsonable, latency_summary
 from deploy.job_latency_report import (cell, committed_batch, medians, parse_sink_line, render_medians, render_table,
                                        sink_figures, spark_figures, started_within)
 from deploy.stack import host_cpu_ticks, steal_percent
+from schemas.config import StreamingConfig
 
 SOURCES = ("python", "kafka")
 T_VIS, T_ONE, T_EXP, T_LOAD = "/lat/vis", "/lat/one", "/lat/exp", "/lat/load"
@@ -576,7 +577,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "  python -m deploy.job_latency --set streaming.defer_while_busy_s=0 --label nodefer\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--source", choices=SOURCES, default="python", help="[streaming] source of the job (default python)")
+    add("--source", choices=SOURCES, default=StreamingConfig.source,
+        help=f"[streaming] source of the job (default {StreamingConfig.source}, the job's)")
     add("--alternate", action="store_true", help="run both sources, python first, alternately")
     add("--runs", type=int, default=1, help="runs of each source (default 1); each run starts its own stack")
     add("--rate", type=float, default=1000, help="msg/s of the load (default 1000)")

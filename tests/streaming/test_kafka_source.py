@@ -293,11 +293,12 @@ def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
 
 
 def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_limit(broker):
-    """As the job configures it by default (``source_options``), a reader that finds a burst of
+    """As the job configures it (``source_options``, ``source = "python"``), a reader that finds a burst of
     30,000 commands under way returns all of them in one read: a limit of 20,000 started a fan-out's
     first batch while its NOTIFYs were going out, on the cores they needed."""
     topic = new_topic(broker)
-    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic})
+    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic},
+                         streaming={"source": "python"})
     _, options = source_options(config)
     reader = KafkaDataSource(options).simpleStreamReader(KAFKA_RECORD)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
@@ -368,8 +369,9 @@ def test_missing_topic_is_a_clear_error(broker):
 
 
 def job_reader(broker, topic: str):
-    """The reader as the job configures it by default (``source_options``)."""
-    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic})
+    """The reader as the job configures it (``source_options``, ``source = "python"``)."""
+    config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic},
+                         streaming={"source": "python"})
     return KafkaDataSource(source_options(config)[1]).simpleStreamReader(KAFKA_RECORD)
 
 
@@ -421,7 +423,8 @@ def test_a_subscribe_a_later_poll_of_the_same_read_brings_still_ends_the_batch()
     """While a burst is deferred, ``kept`` grows poll by poll and the reader asks after each where the
     batch ends; it scans only what the last poll added, and must still find a SUBSCRIBE there after
     earlier polls brought none (no broker: the reader's cut alone, on records as Kafka gives them)."""
-    config = load_config(env={}, kafka={"bootstrap": "127.0.0.1:9", "commands_topic": "unused"})
+    config = load_config(env={}, kafka={"bootstrap": "127.0.0.1:9", "commands_topic": "unused"},
+                         streaming={"source": "python"})
     reader = KafkaDataSource(source_options(config)[1]).simpleStreamReader(KAFKA_RECORD)
     kept = [SimpleNamespace(value=value) for value in publishes(1, 2_100)]
     scan = _QueryCommandScan()
