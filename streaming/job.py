@@ -101,8 +101,8 @@ def checkpoint_source(checkpoint_dir: str) -> str | None:
 def with_checkpoint_source(config: SMQPConfig) -> SMQPConfig:
     """``config``, but reading with the source its checkpoint began with, if that is the other one
     (:func:`checkpoint_source`): a checkpoint keeps its source, so an upgrade that changed the default
-    (to Spark's Kafka source) goes on from where the job stopped; ``source`` applies to a new data dir
-(not to a new checkpoint beside old tables, whose app transactions count the old one's batches)."""
+    (to Spark's Kafka source) goes on from where the job stopped.  ``source`` applies to a new data
+    dir, not to a new checkpoint beside old tables, whose app transactions count the old one's batches."""
     began = checkpoint_source(config.checkpoint_dir)
     if began is None or began == config.streaming.source:
         return config

@@ -17,9 +17,9 @@ KAFKA = {"bootstrap": "k1:9092,k2:9092", "commands_topic": "prod.commands"}
 
 
 def test_source_python_maps_the_configuration_to_our_sources_options():
-    config = load_config(env={"SMQP_STREAMING_SOURCE": "python"}, kafka=KAFKA, streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20,
-                                                         "defer_while_busy_s": 1.5,
-                                                         "max_records_per_query_batch": 700})
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "python"}, kafka=KAFKA,
+                         streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20, "defer_while_busy_s": 1.5,
+                                    "max_records_per_query_batch": 700})
     assert source_options(config) == ("smqp_kafka", {
         "bootstrap": "k1:9092,k2:9092", "topic": "prod.commands", "maxRecordsPerBatch": "5000",
         "maxRecordsPerQueryBatch": "700", "pollTimeoutMs": "20", "deferWhileBusyMs": "1500", "busyGapMs": "200",
@@ -37,7 +37,7 @@ def test_the_default_source_is_sparks_kafka_source():
         "failOnDataLoss": "true",  # never skip commands that retention deleted
         "includeHeaders": "false",  # no headers column: the same columns as smqp_kafka
         # the executor's consumer prefetches past each batch; Kafka's 500 ms default held the next
-        # batch's fetch behind that wait (a quiet batch 224 ms to reach the driver, 46-60 with 1-10)
+        # batch's fetch behind that wait (a quiet batch 220 ms to reach the driver, 35 with 5: deploy.kafka_source_probe)
         "kafka.fetch.max.wait.ms": "5",
     })
 

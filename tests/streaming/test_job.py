@@ -151,7 +151,7 @@ def batch_frame(spark, events, first_offset=0):
 
 
 @pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
-def test_a_checkpoint_keeps_the_commands_source_that_began_it_when_the_setting_changes(spark, config, sink):
+def test_a_checkpoint_keeps_the_commands_source_that_began_it_when_the_setting_changes(spark, config, sink, caplog):
     """A data dir begun with one commands source, reopened with the other (as by an upgrade that moved
     the default): the job reads on with the checkpoint's own, from where it stopped, and says so.
     Spark keeps each source's offsets in a form of its own, and the other could not read them."""
@@ -162,7 +162,9 @@ def test_a_checkpoint_keeps_the_commands_source_that_began_it_when_the_setting_c
     reopened = dataclasses.replace(config, streaming=dataclasses.replace(config.streaming, source=other))
 
     produce(config, publishes(range(4, 7)))
-    run_available_now(spark, reopened, sink)
+    with caplog.at_level("WARNING", logger="streaming.job"):
+        run_available_now(spark, reopened, sink)
+    assert f"begun by the '{config.streaming.source}' commands source: reading on with it, not '{other}'" in caplog.text
     assert sorted(m["smuid"] for m in table(config, "messages")) == list(range(1, 7))  # each once
     assert sorted(d["smuid"] for d in table(config, "deliveries")) == list(range(1, 7))
     out = deliveries_topic(config, at_least=6)
