@@ -177,13 +177,14 @@ class StreamingConfig:
     # a Trash polled by LIST MESSAGE grew 100 files a minute at low load; 0 = by the interval only
     compact_files: int = 50
     compact_target_mb: int = 16  # files smaller than this are packed together, up to this size
-    # "kafka": Spark's built-in Kafka source (its jars come from the Maven cache: deploy/spark-jars);
-    # "python": the smqp_kafka source (kafka-python on the driver), which defers a burst's batch
-    # (defer_while_busy_s) and bounds a batch the routing query must route (max_records_per_query_batch).
-    # Measured side by side (bench-results/kafka-source-fetch-wait-2026-11-30/): Spark's had the better
-    # job-latency tails under load in three alternating pairs and its job peaked 580 MiB lower; ours
-    # fanned out 17-20 % more (it defers), and drained as fast
-    source: str = "kafka"
+    # "python": the smqp_kafka source (kafka-python on the driver, works everywhere), which defers a
+    # burst's batch (defer_while_busy_s) and bounds a batch the routing query must route;
+    # "kafka": Spark's built-in Kafka source (its jars come from the Maven cache: deploy/spark-jars).
+    # Side by side (bench-results/kafka-source-fetch-wait-2026-11-30/): Spark's had the better job
+    # latency tails at a steady 1,000 msg/s and its job peaked 580 MiB lower; ours fanned out 17-20 %
+    # more, and at 5,000 msg/s offered NOTIFYed p99 555-1,344 ms against 2,785-3,285 (the job's CPU a
+    # message 81-82 us against 124-133)
+    source: str = "python"
     # route every batch but one with a REMOVE TOPIC or a SUBSCRIBE whose SINCE clears (publishes, ACKs,
     # NACKs, (UN)SUBSCRIBEs, expiry, receipts) on the driver (streaming.simple_batch) instead of planning
     # the routing query for it; false: every batch through the routing query, for comparison

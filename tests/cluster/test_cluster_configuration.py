@@ -16,8 +16,8 @@ from streaming.session import LEAN_CONF, session_conf
 KAFKA = {"bootstrap": "k1:9092,k2:9092", "commands_topic": "prod.commands"}
 
 
-def test_source_python_maps_the_configuration_to_our_sources_options():
-    config = load_config(env={"SMQP_STREAMING_SOURCE": "python"}, kafka=KAFKA,
+def test_the_default_source_is_ours_over_kafka_python():
+    config = load_config(env={}, kafka=KAFKA,
                          streaming={"max_records_per_batch": 5000, "poll_timeout_ms": 20, "defer_while_busy_s": 1.5,
                                     "max_records_per_query_batch": 700})
     assert source_options(config) == ("smqp_kafka", {
@@ -26,8 +26,8 @@ def test_source_python_maps_the_configuration_to_our_sources_options():
         "busyRate": "5000"})
 
 
-def test_the_default_source_is_sparks_kafka_source():
-    config = load_config(env={}, kafka=KAFKA,
+def test_source_kafka_maps_the_configuration_to_sparks_kafka_source_options():
+    config = load_config(env={"SMQP_STREAMING_SOURCE": "kafka"}, kafka=KAFKA,
                          streaming={"max_records_per_batch": 5000})
     assert source_options(config) == ("kafka", {
         "kafka.bootstrap.servers": "k1:9092,k2:9092",
