@@ -26,13 +26,9 @@ import tempfile
 import time
 
 from deploy.broker import scratch_broker
+from deploy.compare_report import percentile
 
 TOPIC = "probe"
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def probe(spark, bootstrap: str, wait_ms: int, batches: int, gap: float) -> dict:
@@ -68,7 +64,7 @@ def probe(spark, bootstrap: str, wait_ms: int, batches: int, gap: float) -> dict
     if not arrow:
         raise RuntimeError(f"no batch with records arrived with fetch.max.wait.ms={wait_ms}")
     return {"wait_ms": wait_ms, "batches": len(arrow),
-            "to_arrow_p50": round(statistics.median(arrow), 1), "to_arrow_p90": round(_percentile(arrow, 0.9), 1),
+            "to_arrow_p50": round(statistics.median(arrow), 1), "to_arrow_p90": round(percentile(arrow, 0.9), 1),
             "to_arrow_max": round(max(arrow), 1),
             "add_batch_p50": statistics.median(d.get("addBatch", 0) for d in spark_ms),
             "trigger_p50": statistics.median(d.get("triggerExecution", 0) for d in spark_ms)}

@@ -8,7 +8,6 @@ or on a Spark cluster with ``deploy/spark-submit.sh --master spark://host:7077``
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -21,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from schemas.config import SMQPConfig, load_config
 from schemas.spark import KAFKA_RECORD
-from streaming.metrics import attach_metrics, flush_metrics
+from streaming.metrics import attach_metrics, flush_metrics, parse_offsets
 from streaming.session import build_session
 from streaming.sink import CommandSink
 from streaming.ticker import Ticker
@@ -79,9 +78,9 @@ def checkpoint_source(checkpoint_dir: str) -> str | None:
     told by the form of its last offsets; None for a checkpoint that holds none yet (or one not on a
     local path, which is not looked at).
 
-    Spark's offset log keeps each source's offsets in that source's own JSON (its third line): Spark's
-    Kafka source ``{"<topic>": {"<partition>": offset}}``, ours ``{"<partition>": offset}``, and
-    neither reads the other's."""
+    Spark's offset log keeps each source's offsets in that source's own JSON (its third line), the two
+    forms :func:`streaming.metrics.parse_offsets` reads: Spark's Kafka source names the topic, ours
+    does not.  Neither source reads the other's."""
     offsets = Path(checkpoint_dir.removeprefix("file:"), "offsets")
     if "://" in checkpoint_dir or not offsets.is_dir():
         return None
@@ -89,20 +88,17 @@ def checkpoint_source(checkpoint_dir: str) -> str | None:
     if not batches:
         return None
     lines = Path(offsets, str(max(batches))).read_text().splitlines()
-    try:
-        positions = json.loads(lines[2])
-    except (IndexError, ValueError):
-        return None  # half written: Spark's own recovery decides
-    if not isinstance(positions, dict) or not positions:
+    positions = parse_offsets(lines[2]) if len(lines) > 2 else {}  # {}: half written, Spark's recovery decides
+    if not positions:
         return None
-    return "kafka" if all(isinstance(value, dict) for value in positions.values()) else "python"
+    return "python" if any(topic is None for topic, _ in positions) else "kafka"
 
 
 def with_checkpoint_source(config: SMQPConfig) -> SMQPConfig:
     """``config``, but reading with the source its checkpoint began with, if that is the other one
-    (:func:`checkpoint_source`): a checkpoint keeps its source, so an upgrade that changed the default
-    (to Spark's Kafka source) goes on from where the job stopped.  ``source`` applies to a new data
-    dir, not to a new checkpoint beside old tables, whose app transactions count the old one's batches."""
+    (:func:`checkpoint_source`): a checkpoint keeps its source, so a data dir whose setting (or
+    default) changed goes on from where the job stopped.  ``source`` applies to a new data dir, not to
+    a new checkpoint beside old tables, whose app transactions count the old one's batches."""
     began = checkpoint_source(config.checkpoint_dir)
     if began is None or began == config.streaming.source:
         return config
@@ -206,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("kafka", "py4j"):  # their INFO is per-connection / per-callback chatter
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    config = with_checkpoint_source(load_config(args.config))
+    config = load_config(args.config)
     if config.streaming.nice:  # before Spark starts: its JVM and Python workers inherit it
         yield_cpu(config.streaming.nice)
     log.info("commands %s (source %s) → deliveries %s on %s", config.kafka.commands_topic,

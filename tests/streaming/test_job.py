@@ -152,8 +152,8 @@ def batch_frame(spark, events, first_offset=0):
 
 @pytest.mark.parametrize("config", ["python", "kafka"], indirect=True)
 def test_a_checkpoint_keeps_the_commands_source_that_began_it_when_the_setting_changes(spark, config, sink, caplog):
-    """A data dir begun with one commands source, reopened with the other (as by an upgrade that moved
-    the default): the job reads on with the checkpoint's own, from where it stopped, and says so.
+    """A data dir begun with one commands source, reopened with the other (its setting or the default
+    changed): the job reads on with the checkpoint's own, from where it stopped, and says so.
     Spark keeps each source's offsets in a form of its own, and the other could not read them."""
     produce(config, [ev.Subscribe("bob", "gb", "/stocks/*", T0)] + publishes(range(1, 4)))
     run_available_now(spark, config, sink)
