@@ -14,6 +14,7 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -21,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from schemas.config import SMQPConfig, load_config
 from schemas.spark import KAFKA_RECORD
 from streaming.metrics import attach_metrics, flush_metrics, parse_offsets
-from streaming.session import build_session
+from streaming.session import build_session, is_local_path, use_local_checkpoint_writes
 from streaming.sink import CommandSink
 from streaming.ticker import Ticker
 from streaming.warm_up import warm_up
@@ -81,8 +82,10 @@ def checkpoint_source(checkpoint_dir: str) -> str | None:
     Spark's offset log keeps each source's offsets in that source's own JSON (its third line), the two
     forms :func:`streaming.metrics.parse_offsets` reads: Spark's Kafka source names the topic, ours
     does not.  Neither source reads the other's."""
-    offsets = Path(checkpoint_dir.removeprefix("file:"), "offsets")
-    if "://" in checkpoint_dir or not offsets.is_dir():
+    if not is_local_path(checkpoint_dir):
+        return None
+    offsets = Path(urlparse(checkpoint_dir).path, "offsets")
+    if not offsets.is_dir():
         return None
     batches = [int(path.name) for path in offsets.iterdir() if path.name.isdigit()]
     if not batches:
@@ -130,6 +133,7 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     whenever a delivery the sink routed expires.
     """
     config = with_checkpoint_source(config)
+    use_local_checkpoint_writes(spark, config.checkpoint_dir)
     streaming = config.streaming
     records = read_commands(spark, config)
     sink = sink or CommandSink(config)

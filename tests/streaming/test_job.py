@@ -18,6 +18,7 @@ from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
 from streaming.job import build_query, checkpoint_source, main
+from streaming.session import LOCAL_CHECKPOINT_CONF, use_local_checkpoint_writes
 from streaming.sink import CommandSink
 
 pytestmark = pytest.mark.e2e
@@ -138,10 +139,35 @@ def test_route_commit_emit_then_acks_on_the_same_checkpoint(spark, config, sink)
     assert [e for _, e in out if isinstance(e, ev.Progress)][-1].commands_offsets == {"0": 15}  # after the ACKs
     assert len(table(config, "messages")) == 10
     # Spark's offset and commit logs are written without Hadoop's ".crc" sidecars, which doubled the
-    # files each trigger writes and added ~20 ms to each log on this host (streaming.session.LEAN_CONF)
-    logs = [path for name in ("offsets", "commits") for path in Path(config.checkpoint_dir, name).iterdir()]
-    assert {path.name for path in logs} >= {"0", "1"}
-    assert not [path.name for path in logs if path.name.endswith(".crc")]
+    # files each trigger writes and added ~20 ms to each log on this host (streaming.session.LEAN_CONF),
+    # and through Hadoop's FileSystem API (LOCAL_CHECKPOINT_CONF): each file whole, its temporary gone
+    logs = [path.name for name in ("offsets", "commits") for path in Path(config.checkpoint_dir, name).iterdir()]
+    assert set(logs) >= {"0", "1"}
+    assert [name for name in logs if not name.isdigit()] == []
+    assert spark.conf.get(CHECKPOINT_MANAGER) == LOCAL_CHECKPOINT_CONF[CHECKPOINT_MANAGER]
+
+
+CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+
+
+def test_only_a_local_checkpoint_is_written_through_the_filesystem_api_and_an_operators_choice_wins(spark, tmp_path):
+    """Hadoop's FileContext starts five child processes per checkpoint file on a local disk where its
+    FileSystem API starts one; HDFS and object stores keep the writer Spark picks for them."""
+    previous = spark.conf.get(CHECKPOINT_MANAGER, None)
+    operators = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+    try:
+        spark.conf.unset(CHECKPOINT_MANAGER)
+        use_local_checkpoint_writes(spark, "hdfs://namenode:8020/smqp/checkpoints/smqp-router")
+        assert spark.conf.get(CHECKPOINT_MANAGER, None) is None
+        use_local_checkpoint_writes(spark, f"file://{tmp_path}")
+        assert spark.conf.get(CHECKPOINT_MANAGER) == LOCAL_CHECKPOINT_CONF[CHECKPOINT_MANAGER]
+        spark.conf.set(CHECKPOINT_MANAGER, operators)
+        use_local_checkpoint_writes(spark, str(tmp_path))
+        assert spark.conf.get(CHECKPOINT_MANAGER) == operators
+    finally:
+        spark.conf.unset(CHECKPOINT_MANAGER)
+        if previous is not None:
+            spark.conf.set(CHECKPOINT_MANAGER, previous)
 
 
 def batch_frame(spark, events, first_offset=0):
