@@ -69,8 +69,10 @@ LEAN_CONF: Mapping[str, str] = {
 #: child process for each permission it sets and each symbolic link it looks up: through FileContext,
 #: a ``chmod`` and four ``readlink`` per file, two files a trigger; through FileSystem, one ``chmod``.
 #: The write is as atomic (a temporary file, then rename(2)) and neither way fsyncs.  A noop trigger's
-#: walCommit + commitOffsets p50 on this host (``python -m deploy.checkpoint_probe``): 20 + 19 ms →
-#: 6 + 5.  A checkpoint elsewhere (HDFS, object stores) keeps Spark's choice.
+#: walCommit + commitOffsets p50 on this host (``python -m deploy.checkpoint_probe``): 18 + 16 ms →
+#: 5 + 5; in the job, quiet, 19 + 17 → 7 + 6, and its JVM with the processes it started used 53 % of a
+#: core → 40 (``bench-results/checkpoint-writes-2026-11-30/``).  A checkpoint elsewhere (HDFS, object
+#: stores) keeps Spark's choice.
 LOCAL_CHECKPOINT_CONF: Mapping[str, str] = {
     "spark.sql.streaming.checkpointFileManagerClass":
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
