@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def run_one(way: str, triggers: int) -> dict:
     finally:
         query.stop()
         spark.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
     kept = [p["durationMs"] for p in progress if p["batchId"] >= SKIPPED]
     if not kept:
         raise RuntimeError(f"{way}: no trigger past the first {SKIPPED} in {RUN_LIMIT_S} s")
