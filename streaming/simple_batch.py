@@ -238,8 +238,9 @@ def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | 
     out["deliveries"] = [row for row in out["deliveries"]
                          if row["is_new"] or row["status"] != "acked" or (row["account"], row["smuid"]) not in taken]
     new = {(row["account"], row["smuid"]): row for row in out["deliveries"] if row["is_new"] and row["account"]}
+    stored_keys = {(account, smuid) for account, smuid, *_ in stored_deliveries}  # a replay: the stored count
     routed_all = [(account, smuid, "pending", None, row["delivery"]) for (account, smuid), row in new.items()
-                  if row["delivery"] == "all"]
+                  if row["delivery"] == "all" and (account, smuid) not in stored_keys]
     for retry in nacks.retried(counted, stored_deliveries + routed_all, settled, handed_on):
         row = new.get((retry.account, retry.smuid))
         if row is None:

@@ -169,9 +169,11 @@ def batch_sql(batch_id: int, routed_at: datetime, now: int | None = None, expiry
                                           "{pending}" if stored else empty_sql(PENDING), now)
                      if new or stored else empty_sql(EXPIRING)[1:-1]),
         # the stored deliveries the NACKs name, and this batch's DELIVERY ALL ones: a gateway routing early
-        # may have notified one and seen its retry timeout pass before the job routed it
+        # may have notified one and seen its retry timeout pass before the job routed it (a replayed
+        # publish's delivery is stored already: its stored row, with the retries so far, counts)
         "retrying": ("SELECT * FROM {retrying} UNION ALL SELECT account, smuid, 'pending' AS status, "
-                     "CAST(NULL AS INT) AS retries, delivery FROM routed WHERE delivery = 'all'") if retries
+                     "CAST(NULL AS INT) AS retries, delivery FROM routed n WHERE delivery = 'all' AND NOT EXISTS "
+                     "(SELECT 1 FROM {retrying} s WHERE s.account = n.account AND s.smuid = n.smuid)") if retries
                     else _empty(RETRYING),
         "new_messages": message_rows_sql("events_publish", batch_id),
         "all_messages": f"SELECT {source} FROM new_messages UNION ALL SELECT {source} FROM {{stored}}",

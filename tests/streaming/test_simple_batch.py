@@ -217,6 +217,23 @@ def test_nacks_routed_on_the_driver_equal_the_routing_query(spark, tmp_path_fact
     assert comparable(simple) == comparable(full)
 
 
+def test_a_nack_of_a_stored_delivery_the_batch_routes_again_counts_once_both_ways(spark, tmp_path_factory):
+    """A publish replayed in a later batch (its smuid already delivered and pending) routes the same
+    delivery again; a NACK of it counts one retry, from the stored count, on one ``deliveries`` row,
+    and a delivery out of retries goes to the Trash once.  Found by the property test above (CI on
+    67ea7b1): the routed row and the stored one were both retried, and the query wrote the delivery twice."""
+    publish = ev.Publish(2, "/t/x", "alice/2", "alice", "g-alice", US0 + 2)
+    first = [publish, ev.Nack("bob", "g-bob", 2, US0 + 10, 2, "timeout")]  # retried once, stays pending
+    again = [publish, ev.Nack("bob", "g-bob", 2, US0 + 50, 1, "timeout")]  # the second retry: one too many
+    driver, simple, full = routed_both_ways(spark, tmp_path_factory, {("bob", "/t/*"): (None, None)}, first, again)
+    for out in (simple, full):
+        rows = [row for row in comparable(out)["deliveries"] if row["account"] == "bob"]
+        assert [(row["smuid"], row["status"], row["retries"]) for row in rows] == [(2, "trashed", 2)]
+        assert [(row["smuid"], row["reason"]) for row in comparable(out)["trash"]] == [(2, "max_retries")]
+        assert [row["value"]["reason"] for row in comparable(out)["expired"]] == ["max_retries"]
+    assert driver.query_ms["plan"] == 0
+
+
 def test_a_delivery_one_message_whose_holder_left_goes_to_another_subscriber_from_the_driver(spark, tmp_path):
     """The login of the subscriber holding a DELIVERY ONE message ended (a ``disconnect`` NACK): the next
     batch is routed on the driver, the other subscriber gets the message, and the holder's gateway is
