@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         if broker.formatted and checkpoint.exists():
             raise BrokerError(
                 f"Kafka's log under {broker.data_dir} is new, but the job's checkpoint {checkpoint} was made on "
-                "an older one: its offsets point into nothing. Restore that log, or start afresh by removing "
-                f"{checkpoint} (the Delta tables under {data_dir}/tables keep the old history)")
+                "an older one: its offsets point into nothing. Restore that log, or go on with another "
+                "[streaming] query_name (e.g. SMQP_STREAMING_QUERY_NAME=smqp-router-2): a new checkpoint on the "
+                f"new log, whose batches the Delta tables under {data_dir}/tables (the old history) count apart")
         create_topics(config.kafka)
         routed_before = routed_records(config)
         env = dict(os.environ, SMQP_DATA_DIR=data_dir, SMQP_KAFKA_BOOTSTRAP=config.kafka.bootstrap,

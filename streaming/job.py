@@ -82,19 +82,54 @@ def checkpoint_source(checkpoint_dir: str) -> str | None:
     Spark's offset log keeps each source's offsets in that source's own JSON (its third line), the two
     forms :func:`streaming.metrics.parse_offsets` reads: Spark's Kafka source names the topic, ours
     does not.  Neither source reads the other's."""
+    batch = last_checkpoint_batch(checkpoint_dir)
+    if batch is None:
+        return None
+    lines = Path(urlparse(checkpoint_dir).path, "offsets", str(batch)).read_text().splitlines()
+    positions = parse_offsets(lines[2]) if len(lines) > 2 else {}  # {}: half written, Spark's recovery decides
+    if not positions:
+        return None
+    return "python" if any(topic is None for topic, _ in positions) else "kafka"
+
+
+def last_checkpoint_batch(checkpoint_dir: str) -> int | None:
+    """The newest batch id in the offset log of the checkpoint at ``checkpoint_dir``: the last batch
+    the query began (None: none yet, or a checkpoint not on a local path, which is not looked at)."""
     if not is_local_path(checkpoint_dir):
         return None
     offsets = Path(urlparse(checkpoint_dir).path, "offsets")
     if not offsets.is_dir():
         return None
-    batches = [int(path.name) for path in offsets.iterdir() if path.name.isdigit()]
-    if not batches:
-        return None
-    lines = Path(offsets, str(max(batches))).read_text().splitlines()
-    positions = parse_offsets(lines[2]) if len(lines) > 2 else {}  # {}: half written, Spark's recovery decides
-    if not positions:
-        return None
-    return "python" if any(topic is None for topic, _ in positions) else "kafka"
+    return max((int(path.name) for path in offsets.iterdir() if path.name.isdigit()), default=None)
+
+
+class CheckpointMismatch(RuntimeError):
+    """The job's Delta tables were written by batches its checkpoint never began."""
+
+
+def ensure_checkpoint_wrote_tables(config: SMQPConfig, sink: CommandSink) -> None:
+    """Refuse to start on a checkpoint that is not the one that wrote the tables.
+
+    Why: the tables' app transactions ``(query:table, batch id)`` make a replayed batch write nothing
+    twice, by its batch id.  A new checkpoint (one deleted, or moved) beside tables that hold batch N
+    numbers its batches from 0 again: each up to N would be taken for one already committed and
+    skipped, its messages lost, and later ones would route the start of the commands topic again.
+    The sink commits a batch before Spark records it done, so the tables are never more than the
+    checkpoint's last begun batch ahead.  A checkpoint not on a local path is not looked at."""
+    if not is_local_path(config.checkpoint_dir):
+        return
+    committed, begun = sink.last_committed_batch(), last_checkpoint_batch(config.checkpoint_dir)
+    if committed is None or (begun is not None and committed <= begun):
+        return
+    where = "has no batch" if begun is None else f"ends at batch {begun}"
+    raise CheckpointMismatch(
+        f"the Delta tables under {config.table_path('')} hold batch {committed} of query "
+        f"{config.streaming.query_name!r}, but its checkpoint {config.checkpoint_dir} {where}: it is not the "
+        "checkpoint that wrote them, and its batches would be taken for ones already committed (their "
+        "commands lost). Restore that checkpoint. If the commands topic holds none of the commands the tables "
+        "have (a new Kafka log), go on under another [streaming] query_name instead (SMQP_STREAMING_QUERY_NAME): "
+        "a new checkpoint, reading the topic from its start, whose batches the tables count apart. Else start "
+        "on a new data dir.")
 
 
 def with_checkpoint_source(config: SMQPConfig) -> SMQPConfig:
@@ -137,6 +172,7 @@ def build_query(spark: SparkSession, config: SMQPConfig, trigger_interval: str |
     streaming = config.streaming
     records = read_commands(spark, config)
     sink = sink or CommandSink(config)
+    ensure_checkpoint_wrote_tables(config, sink)
     writer = (
         records.writeStream.queryName(streaming.query_name)
         .foreachBatch(sink)
@@ -215,11 +251,16 @@ def main(argv: list[str] | None = None) -> int:
         log.info("Delta table %s: %s", table, config.table_path(table))
     log.info("checkpoint: %s", config.checkpoint_dir)
 
+    sink = CommandSink(config)
+    try:
+        ensure_checkpoint_wrote_tables(config, sink)  # before Spark starts: refused in a second, not a minute
+    except CheckpointMismatch as mismatch:
+        log.error("%s", mismatch)
+        return 2
     spark = build_session(config.streaming, app_name=config.streaming.query_name)
     log.info("Spark master %s, application %s", spark.sparkContext.master, spark.sparkContext.applicationId)
     if config.streaming.warm_up:
         warm_up(spark, config)  # before the stream: its first batch, "ready" to smqp-local, can route
-    sink = CommandSink(config)
     stopping = threading.Event()
 
     def request_stop(signum, _frame):

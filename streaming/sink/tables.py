@@ -45,6 +45,12 @@ class DeltaTables:
         yield CommitProperties(app_transactions=[Transaction(self.app_id(table), batch_id)])
         self._versions[table] = batch_id
 
+    def last_committed_batch(self) -> int | None:
+        """The newest batch id this query committed to any of its tables (None: none yet): what the
+        checkpoint it runs on must have reached (:func:`streaming.job.ensure_checkpoint_wrote_tables`)."""
+        versions = [version for name in TABLES if (version := self.committed_version(name)) is not None]
+        return max(versions, default=None)
+
     def forget_versions(self) -> None:
         """Ask each table again for the batch it last committed (after a batch failed)."""
         self._versions.clear()

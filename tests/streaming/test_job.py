@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from datetime import datetime, timezone
@@ -17,7 +21,7 @@ from deploy.broker import create_topics
 from schemas import events as ev
 from schemas.config import load_config
 from schemas.spark import KAFKA_RECORD, SUBSCRIPTIONS_TABLE, arrow_schema
-from streaming.job import build_query, checkpoint_source, main
+from streaming.job import CheckpointMismatch, build_query, checkpoint_source, main
 from streaming.session import LOCAL_CHECKPOINT_CONF, use_local_checkpoint_writes
 from streaming.sink import CommandSink
 
@@ -294,6 +298,36 @@ def test_a_job_that_dies_between_its_kafka_emission_and_its_delta_commit_replays
     assert [(s["account"], s["pattern"]) for s in table(config, "subscriptions")] == [("bob", "/t/*")]
     assert {name: restarted.committed_version(name) for name in ("messages", "deliveries", "subscriptions")} == {
         "messages": 0, "deliveries": 0, "subscriptions": 0}  # one batch, replayed under its own id
+
+
+def test_a_new_or_older_checkpoint_beside_the_tables_is_refused_and_nothing_is_written(spark, config, sink,
+                                                                                        tmp_path):
+    """The tables hold batches their checkpoint never began: it was deleted (a new one would number its
+    batches from 0 again, and each be skipped as committed) or an older copy was put back.  The job
+    refuses to start, says why, and writes nothing; ``smqp-router`` exits 2 with the same words,
+    before Spark starts."""
+    produce(config, [ev.Subscribe("bob", "gb", "/t/*", T0)] + publishes(range(1, 4), "/t/x"))
+    run_available_now(spark, config, sink)
+    older = shutil.copytree(config.checkpoint_dir, tmp_path / "older")
+    produce(config, publishes(range(4, 6), "/t/x"))
+    run_available_now(spark, config, sink)
+    produce(config, publishes(range(6, 8), "/t/x"))
+
+    for copy, where in ((None, "has no batch"), (older, "ends at batch 0")):
+        shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
+        if copy is not None:
+            shutil.copytree(copy, config.checkpoint_dir)
+        with pytest.raises(CheckpointMismatch, match=f"hold batch 1 of query '{config.streaming.query_name}', "
+                                                     f"but its checkpoint .* {where}: .* Restore that checkpoint"):
+            build_query(spark, config, available_now=True, sink=CommandSink(config))
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
+
+    toml = tmp_path / "smqp.toml"
+    toml.write_text(f'data_dir = "{config.data_dir}"\n[streaming]\nquery_name = "{config.streaming.query_name}"\n')
+    run = subprocess.run([sys.executable, "-m", "streaming.job", "--config", str(toml)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "SMQP_STREAMING_NICE": "0"})
+    assert run.returncode == 2
+    assert "it is not the checkpoint that wrote them" in run.stderr and "Spark master" not in run.stderr
 
 
 def test_subscription_bounds_survive_batches_in_a_table_written_before_they_existed(spark, config, sink):
