@@ -305,7 +305,7 @@ def test_a_new_or_older_checkpoint_beside_the_tables_is_refused_and_nothing_is_w
     """The tables hold batches their checkpoint never began: it was deleted (a new one would number its
     batches from 0 again, and each be skipped as committed) or an older copy was put back.  The job
     refuses to start, says why, and writes nothing; ``smqp-router`` exits 2 with the same words,
-    before Spark starts."""
+    before Spark starts.  Under another query name (the way on after a lost Kafka log) it routes again."""
     produce(config, [ev.Subscribe("bob", "gb", "/t/*", T0)] + publishes(range(1, 4), "/t/x"))
     run_available_now(spark, config, sink)
     older = shutil.copytree(config.checkpoint_dir, tmp_path / "older")
@@ -321,6 +321,16 @@ def test_a_new_or_older_checkpoint_beside_the_tables_is_refused_and_nothing_is_w
                                                      f"but its checkpoint .* {where}: .* Restore that checkpoint"):
             build_query(spark, config, available_now=True, sink=CommandSink(config))
     assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5]
+
+    # the way on after a lost Kafka log: another query name, a new checkpoint, batches counted apart
+    renamed = dataclasses.replace(
+        config, kafka=dataclasses.replace(config.kafka, commands_topic=f"{config.kafka.commands_topic}-new"),
+        streaming=dataclasses.replace(config.streaming, query_name=f"{config.streaming.query_name}-2"))
+    create_topics(renamed.kafka)
+    produce(renamed, publishes(range(8, 10), "/t/x"))
+    run_available_now(spark, renamed, CommandSink(renamed))
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5, 8, 9]
+    assert sorted(d["smuid"] for d in table(config, "deliveries") if d["account"] == "bob") == [1, 2, 3, 4, 5, 8, 9]
 
     toml = tmp_path / "smqp.toml"
     toml.write_text(f'data_dir = "{config.data_dir}"\n[streaming]\nquery_name = "{config.streaming.query_name}"\n')
