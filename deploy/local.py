@@ -46,6 +46,7 @@ from deploy.children import dying_with, taken_ports
 from deploy.jars import JarsUnavailable
 from kafka_edge.offsets import topic_ends
 from schemas.config import DashboardConfig, SMQPConfig, load_config
+from streaming import EXIT_REFUSED
 
 
 #: How many times a run starts the streaming job again after it failed, before it gives up.
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             for index, (name, child) in enumerate(children):
                 if child.poll() is None:
                     continue
-                if name != "streaming job" or job_restarts >= MAX_JOB_RESTARTS:
+                if name != "streaming job" or job_restarts >= MAX_JOB_RESTARTS or child.returncode == EXIT_REFUSED:
                     print(f"{name} exited with code {child.returncode}; stopping", file=sys.stderr)
                     return 1
                 job_restarts += 1  # as systemd's Restart=on-failure does for smqp-router.service

@@ -5,3 +5,7 @@
 - :mod:`streaming.sink` — the foreachBatch sink: Kafka emission and idempotent Delta commits.
 - :mod:`streaming.session` / :mod:`streaming.job` — the Spark session and the runnable query.
 """
+
+#: ``smqp-router``'s exit status when it refuses to start on what it found (a checkpoint that did not
+#: write its tables): starting it again would not help, so neither smqp-local nor systemd does.
+EXIT_REFUSED = 2

@@ -21,6 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from schemas.config import SMQPConfig, load_config
 from schemas.spark import KAFKA_RECORD
+from streaming import EXIT_REFUSED
 from streaming.metrics import attach_metrics, flush_metrics, parse_offsets
 from streaming.session import build_session, is_local_path, use_local_checkpoint_writes
 from streaming.sink import CommandSink
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_checkpoint_wrote_tables(config, sink)  # before Spark starts: refused in a second, not a minute
     except CheckpointMismatch as mismatch:
         log.error("%s", mismatch)
-        return 2
+        return EXIT_REFUSED
     spark = build_session(config.streaming, app_name=config.streaming.query_name)
     log.info("Spark master %s, application %s", spark.sparkContext.master, spark.sparkContext.applicationId)
     if config.streaming.warm_up:

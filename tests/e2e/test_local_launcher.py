@@ -258,3 +258,26 @@ def _commands(pid: int) -> list[tuple[int, str]]:
         with contextlib.suppress(OSError):  # ended meanwhile
             found.append((current, Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode()))
     return found
+
+
+def test_a_job_refusing_its_checkpoint_is_not_started_again(tmp_path):
+    """Tables that hold batch 3 of the job's query, and no checkpoint (it was deleted): the job refuses
+    to start and says why, and the launcher stops at once rather than starting it five more times."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from schemas.spark import MESSAGES_TABLE, arrow_schema
+
+    launcher = Launcher(tmp_path)
+    write_deltalake(str(launcher.data_dir / "tables" / "messages"), arrow_schema(MESSAGES_TABLE).empty_table(),
+                    commit_properties=CommitProperties(app_transactions=[Transaction("smqp-router:messages", 3)]))
+    with open(launcher.log_path, "ab") as log:
+        launcher.process = subprocess.Popen([sys.executable, "-m", "deploy.local", *launcher.arguments],
+                                            env=launcher.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+    try:
+        assert launcher.wait(timeout=150) == 1
+    finally:
+        launcher.kill()
+    output = launcher.log_path.read_text()
+    assert "hold batch 3 of query 'smqp-router', but its checkpoint" in output
+    assert "streaming job exited with code 2; stopping" in output and "starting it again" not in output
