@@ -328,7 +328,11 @@ def test_a_new_or_older_checkpoint_beside_the_tables_is_refused_and_nothing_is_w
         streaming=dataclasses.replace(config.streaming, query_name=f"{config.streaming.query_name}-2"))
     create_topics(renamed.kafka)
     produce(renamed, publishes(range(8, 10), "/t/x"))
-    run_available_now(spark, renamed, CommandSink(renamed))
+    renamed_sink = CommandSink(renamed)
+    try:
+        run_available_now(spark, renamed, renamed_sink)
+    finally:
+        renamed_sink.close()
     assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2, 3, 4, 5, 8, 9]
     assert sorted(d["smuid"] for d in table(config, "deliveries") if d["account"] == "bob") == [1, 2, 3, 4, 5, 8, 9]
 
