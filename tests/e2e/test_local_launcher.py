@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deploy.broker import free_port
 from deploy.stack import process_tree
 from gateway.accounts import hash_password
 from gateway.client import SMQPClient
+from schemas.spark import MESSAGES_TABLE, arrow_schema
 
 pytestmark = pytest.mark.e2e
 
@@ -46,12 +47,16 @@ class Launcher:
     def address(self) -> tuple[str, int]:
         return "127.0.0.1", self.gateway_port
 
-    def start(self, timeout: float = 180) -> str:
-        """Start it and wait for its banner (returned); the log is appended to across starts."""
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+    def spawn(self) -> None:
+        """Start it without waiting; its output is appended to the log."""
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "deploy.local", *self.arguments], env=self.env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start(self, timeout: float = 180) -> str:
+        """Start it and wait for its banner (returned); the log is appended to across starts."""
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.spawn()
         deadline = time.monotonic() + timeout
         while b"Press Ctrl-C to stop." not in self.log_path.read_bytes()[offset:]:
             assert self.process.poll() is None, self.log_path.read_text()
@@ -263,17 +268,10 @@ def _commands(pid: int) -> list[tuple[int, str]]:
 def test_a_job_refusing_its_checkpoint_is_not_started_again(tmp_path):
     """Tables that hold batch 3 of the job's query, and no checkpoint (it was deleted): the job refuses
     to start and says why, and the launcher stops at once rather than starting it five more times."""
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    from schemas.spark import MESSAGES_TABLE, arrow_schema
-
     launcher = Launcher(tmp_path)
     write_deltalake(str(launcher.data_dir / "tables" / "messages"), arrow_schema(MESSAGES_TABLE).empty_table(),
                     commit_properties=CommitProperties(app_transactions=[Transaction("smqp-router:messages", 3)]))
-    with open(launcher.log_path, "ab") as log:
-        launcher.process = subprocess.Popen([sys.executable, "-m", "deploy.local", *launcher.arguments],
-                                            env=launcher.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+    launcher.spawn()
     try:
         assert launcher.wait(timeout=150) == 1
     finally:
