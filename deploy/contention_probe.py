@@ -35,8 +35,8 @@ from deploy.smqp_adapter import SMQPSystem, running_smqp
 from deploy.stack import cpu_seconds, process_tree, stopping_on_sigterm
 
 MODES = ("running", "idle", "stopped")
-#: a resumed job routes the run's backlog before the next run: after 30 s stopped, its first batch
-#: came 30 s after SIGCONT and it had caught up 15 s later (2026-12-07, its log)
+#: a resumed job routes the run's backlog before the next run: ~40,000 commands after a 20-30 s
+#: run stopped, which took it 5-40 s (2026-12-07, its log)
 CATCH_UP_S = 50.0
 GRACE_S = 30.0
 
