@@ -1,6 +1,7 @@
 """How much of publish → NOTIFY latency is the streaming job's CPU on the gateway's host.
 
-    python -m deploy.contention_probe [--rate 1000] [--seconds 30] [--rounds 2] [--json PATH]   # ~5 minutes
+    python -m deploy.contention_probe [--rate 1000] [--seconds 30] [--rounds 2] [--modes running,idle,stopped]
+                                      [--json PATH]   # ~10 minutes
 
 Why: at 1,000 msg/s the benchmark's NOTIFY p99 missed issue 35's 20 ms. The gateways route a
 DELIVERY ALL message without the job, so the job is not on that path. It still shares the two cores,
