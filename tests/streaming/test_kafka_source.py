@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -295,32 +297,58 @@ def test_without_deferring_a_record_is_read_as_soon_as_it_is_there(broker):
 def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_limit(broker):
     """As the job configures it (``source_options``, ``source = "python"``), a reader that finds a burst of
     30,000 commands under way returns all of them in one read: a limit of 20,000 started a fan-out's
-    first batch while its NOTIFYs were going out, on the cores they needed."""
+    first batch while its NOTIFYs were going out, on the cores they needed.
+
+    The burst comes from a process of its own, as a gateway's appends do: a sender thread in this
+    process shared the GIL with the reader's decoding, and at half speed it fell under ``busyRate``,
+    which ends a burst (it did once in CI: 1,267 of 30,000)."""
     topic = new_topic(broker)
     config = load_config(env={}, kafka={"bootstrap": broker.bootstrap, "commands_topic": topic},
                          streaming={"source": "python"})
     _, options = source_options(config)
     reader = KafkaDataSource(options).simpleStreamReader(KAFKA_RECORD)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
-    try:
-        begin = reader.initialOffset()
-        producer.send(topic, value=b"0", partition=0).get(timeout=30)
-        sent = []
-        sender = threading.Thread(target=lambda: [sent.append(producer.send(topic, value=str(i).encode(),
-                                                                            partition=i % 2))
-                                                  for i in range(1, 30000)])
-        sender.start()
-        while len(sent) < 2000:  # under way: faster than busy_rate, which a lone first command is not
-            time.sleep(0.005)
-        sent[999].get(timeout=30)
+    begin = reader.initialOffset()
+    with burst_sender(broker, topic, count=30000, announce_after=2000) as sender:
         batches, end = reader.read(begin)
-        sender.join(30)
-        producer.flush(timeout=30)
+        assert sender.wait(timeout=60) == 0
+    try:
         assert sum(batch.num_rows for batch in batches) == 30000
         assert sum(end.values()) == 30000
     finally:
-        producer.close(timeout=10)
         reader.stop()
+
+
+_BURST_SENDER = """
+import sys
+from kafka import KafkaProducer
+bootstrap, topic, count, announce_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+producer.send(topic, value=b"0", partition=0).get(timeout=30)
+sent = []
+for i in range(1, count):
+    sent.append(producer.send(topic, value=str(i).encode(), partition=i % 2))
+    if i == announce_after:
+        sent[announce_after // 2].get(timeout=30)
+        print("under way", flush=True)
+producer.flush(timeout=30)
+producer.close(timeout=10)
+"""
+
+
+@contextlib.contextmanager
+def burst_sender(broker, topic: str, count: int, announce_after: int):
+    """A process that sends ``count`` records to ``topic`` as fast as it can; entered once
+    ``announce_after`` are sent and half of them acknowledged (a burst under way, faster than
+    ``busyRate``, which a lone first record is not)."""
+    process = subprocess.Popen([sys.executable, "-c", _BURST_SENDER, broker.bootstrap, topic, str(count),
+                                str(announce_after)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "under way"
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
 
 
 def append_in_order(broker, topic: str, records: list[tuple[int, bytes]]) -> None:
