@@ -137,10 +137,10 @@ class StreamingConfig:
     # a burst the deferral waits out fits in one batch (≈ 3 s of this host's top rate of commands): a
     # full batch starts at once, and at 20,000 a fan-out's first batch ran while its NOTIFYs were going out
     max_records_per_batch: int = 100_000
-    # a batch holding a REMOVE TOPIC or a SUBSCRIBE (which goes to the routing query when its SINCE
-    # clears; that query's time grows with its rows: ~2 s at 1,000, 4-6 s at 20,000) ends this many records
-    # in, or just before that command when it comes later; what follows is routed by the next batches, on
-    # the driver when simple.  A backlog arriving with a SUBSCRIBE waited 54 s whole.  0 = no bound
+    # a batch holding a REMOVE TOPIC (which goes to the routing query, whose time grows with its rows:
+    # ~2 s at 1,000, 4-6 s at 20,000) ends this many records in, or just before that command when it comes
+    # later; what follows is routed by the next batches, on the driver when simple.  A backlog arriving
+    # with a command the query routed (then a SUBSCRIBE) waited 54 s whole.  0 = no bound
     # (python source only)
     max_records_per_query_batch: int = 2_000
     poll_timeout_ms: int = 50
@@ -185,8 +185,8 @@ class StreamingConfig:
     # more, and at 5,000 msg/s offered NOTIFYed p99 555-1,344 ms against 2,785-3,285 (the job's CPU a
     # message 81-82 us against 124-133)
     source: str = "python"
-    # route every batch but one with a REMOVE TOPIC or a SUBSCRIBE whose SINCE clears (publishes, ACKs,
-    # NACKs, (UN)SUBSCRIBEs, expiry, receipts) on the driver (streaming.simple_batch) instead of planning
+    # route every batch but one with a REMOVE TOPIC (publishes, ACKs, NACKs, (UN)SUBSCRIBEs, SINCE's
+    # clearing, expiry, receipts) on the driver (streaming.simple_batch) instead of planning
     # the routing query for it; false: every batch through the routing query, for comparison
     simple_batches: bool = True
     # extra Spark properties for the job's session; spark-submit's --conf wins over them

@@ -29,9 +29,10 @@ from typing import Container, Mapping
 
 import pyarrow as pa
 
-from schemas.events import Acked, RemoveTopic, Subscribe
+from schemas.events import Acked, RemoveTopic
 from schemas.spark import TRASH_FROM_MESSAGE
 from schemas.topics import recipients
+from streaming import simple_clearing as clearing
 from streaming import simple_nacks as nacks
 from streaming import simple_receipts as receipts
 from streaming import simple_subscriptions as subs
@@ -44,19 +45,18 @@ ROUTED = ("deliver", "acked", "expired", "messages", "trash", "deliveries", "sub
 class Shape:
     """What a batch holds beyond publishes and ACKs, as the sink's reads before routing found it."""
 
-    clearing: bool = False  # a SUBSCRIBE whose SINCE clears deliveries pending or routed before it
     removals: bool = False  # a REMOVE TOPIC, or a removed topic's message its ACKs may settle
 
 
-#: How the records of the commands that may make a batch not simple begin (:meth:`schemas.events._Event.head`;
-#: a SUBSCRIBE does when its SINCE clears): the job's reader ends a batch soon after one
-#: (``[streaming] max_records_per_query_batch``), so the routing query is not handed a backlog with it.
-NOT_SIMPLE_HEADS = tuple(kind.head() for kind in (Subscribe, RemoveTopic))
+#: How the records of the commands that may make a batch not simple begin (:meth:`schemas.events._Event.head`):
+#: the job's reader ends a batch soon after one (``[streaming] max_records_per_query_batch``), so the
+#: routing query is not handed a backlog with it.
+NOT_SIMPLE_HEADS = (RemoveTopic.head(),)
 
 
 def is_simple(shape: Shape) -> bool:
     """Whether :func:`route` may route a batch of ``shape`` in place of the routing query."""
-    return not any((shape.clearing, shape.removals))
+    return not shape.removals
 
 
 def _valid(event: dict) -> bool:
@@ -130,7 +130,8 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
           routed_at: datetime, now: int | None, new_may_expire: bool = True, one: bool = True,
           peers: Mapping[str, str] = MappingProxyType({}), late_stored: pa.Table | None = None,
           late_held: pa.Table | None = None, receipt_state: pa.Table | None = None,
-          receipted: Container[int] = frozenset(), retrying: pa.Table | None = None) -> dict[str, list[dict]]:
+          receipted: Container[int] = frozenset(), retrying: pa.Table | None = None,
+          clearable: pa.Table | None = None) -> dict[str, list[dict]]:
     """The rows of each :data:`ROUTED` output of a simple batch (:func:`is_simple`), as the routing
     query's columns (timestamps as microseconds): ``events`` its records, as :data:`routing.EVENTS` rows in
     Python (``streaming.sink.decoding.decoded_events``), ``current`` the active subscriptions before it
@@ -144,15 +145,19 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     (``CommandSink.late_candidates``); ``receipt_state`` the stored deliveries of the messages that
     asked for a receipt and may be owed one (``CommandSink.receipt_state``), ``receipted`` those of them
     answered already; ``retrying`` the stored deliveries of the messages the batch's NACKs name
-    (``CommandSink.retry_candidates``)."""
+    (``CommandSink.retry_candidates``); ``clearable`` the stored pending deliveries of the accounts
+    SUBSCRIBing with SINCE (``CommandSink.clearable``).  A delivery a later SUBSCRIBE of the batch
+    clears is withheld (:mod:`streaming.simple_clearing`)."""
     events = [event for event in events if _valid(event)]
     publishes = _first_per([e for e in events if e["type"] == "publish"], lambda e: e["smuid"])
     acks = _first_per([e for e in events if e["type"] == "ack"], lambda e: (e["account"], e["smuid"]))
     spans = subs.intervals(current, [e for e in events if e["type"] in ("subscribe", "unsubscribe")])
+    clearings = clearing.clearings(events)
     subscribed = subs.subscribers_at(spans)
     out: dict[str, list[dict]] = {kind: [] for kind in ROUTED}
     out["subscriptions"] = subs.subscription_rows(spans, batch_id)
     routed: set[tuple[str, int]] = set()
+    withheld: set[tuple[str, int]] = set()  # routed, but cleared by a later SUBSCRIBE: never sent
     asking: list[tuple[str, int, str]] = []  # (account, smuid, receipt) of the deliveries first routed
     expiring: dict[int, list[str]] = {}  # smuid → the accounts whose delivery of it expires ('': nobody's)
     unreached = []  # publishes that reached nobody and can expire
@@ -166,6 +171,8 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
         for account in sorted(reached):
             routed.add((account, smuid))
             asking.append((account, smuid, _lower(publish["receipt"], "none")))
+            if _withhold(out, withheld, clearings, publish, account, at, acks, batch_id, routed_at, now):
+                continue
             if _deliver(out, publish, account, acks, batch_id, routed_at, now):
                 expiring.setdefault(smuid, []).append(account)  # routed already expired: never sent
         if not reached and publish["expires_at"] is not None:
@@ -173,7 +180,10 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     late = _late(spans, publishes, routed, late_stored, late_held, now, peers)
     for given in late:  # never expired: late leaves those out
         routed.add((given.account, given.message["smuid"]))
-        _deliver(out, {**given.message, "seq": given.seq}, given.account, acks, batch_id, routed_at, now)
+        message = {**given.message, "seq": given.seq}
+        if not _withhold(out, withheld, clearings, message, given.account, subs.position(message), acks, batch_id,
+                         routed_at, now):
+            _deliver(out, message, given.account, acks, batch_id, routed_at, now)
     late_smuids = {given.message["smuid"] for given in late}
     out["deliveries"] += [{**_SETTLED, "account": "", "smuid": smuid, "status": "routed"} for smuid in late_smuids]
     for publish in unreached:
@@ -185,16 +195,21 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
         out["acked"].append({"key": account.encode(), "value": _acked_value(account, smuid), "seq": ack["seq"]})
         if (account, smuid) not in routed:  # acknowledges a stored delivery (or none: then it updates nothing)
             out["deliveries"].append(_stored_ack_row(ack))
-    for account, smuid in _stored_expiring(pending, now, acks, routed if new_may_expire else set()):
+    for account, smuid in _stored_expiring(pending, now, acks, routed - withheld if new_may_expire else set()):
         expiring.setdefault(smuid, []).append(account)
         out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "expired"})
     messages = {}  # smuid → its earliest row, this batch's or stored (a replay may hold both)
     for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
         messages.setdefault(row["smuid"], row)
     _trash(out, expiring, messages, batch_id, now)
+    nacked: set[tuple[str, int]] = set()
     if any(event["type"] == "nack" for event in events):
-        _nacks(out, events, retrying, publishes, stored, spans, acks, expiring, messages, batch_id, routed_at, now,
-               peers)
+        nacked = _nacks(out, events, retrying, publishes, stored, spans, acks, expiring, messages, batch_id,
+                        routed_at, now, peers)
+    settled = set(acks) | nacked | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
+    for account, smuid, at in clearing.cleared(spans, clearable, settled):
+        out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "cleared"})
+        out["expired"].append(_reason(account, smuid, "cleared", subs.as_seq(at)))
     if receipt_state is not None:
         owed = receipts.due(receipt_state, asking, acks, expiring, receipted, messages)
         _answer(out, receipts.answers(owed, messages, now), acks, batch_id, routed_at, now)
@@ -214,10 +229,11 @@ def _answer(out: dict[str, list[dict]], answers: list[tuple[receipts.Due, dict]]
 def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | None, publishes: dict[int, dict],
            stored: pa.Table, spans: list[subs.Interval], acks: dict, expiring: dict[int, list[str]],
            messages: Mapping[int, dict], batch_id: int, routed_at: datetime, now: int | None,
-           peers: Mapping[str, str]) -> None:
+           peers: Mapping[str, str]) -> set[tuple[str, int]]:
     """The batch's NACKs (:mod:`streaming.simple_nacks`): DELIVERY ONE messages handed on (a delivery and
     a Deliver to the new subscriber, ``released`` and an Acked to the old one), and retries counted,
-    those out of retries into the Trash.  A delivery routed in this batch carries its count itself."""
+    those out of retries into the Trash.  A delivery routed in this batch carries its count itself.
+    Returns the (account, smuid) retried or handed on: a SINCE does not clear those."""
     counted = nacks.nacked(events)
     stored_deliveries = [] if retrying is None else nacks.stored_rows(retrying)
     settled = set(acks) | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
@@ -240,8 +256,10 @@ def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | 
     new = {(row["account"], row["smuid"]): row for row in out["deliveries"] if row["is_new"] and row["account"]}
     stored_keys = {(account, smuid) for account, smuid, *_ in stored_deliveries}  # a replay: the stored count
     routed_all = [(account, smuid, "pending", None, row["delivery"]) for (account, smuid), row in new.items()
-                  if row["delivery"] == "all" and (account, smuid) not in stored_keys]
+                  if row["delivery"] == "all" and row["status"] != "cleared" and (account, smuid) not in stored_keys]
+    touched = {(release.account, release.smuid) for release in handed_on}
     for retry in nacks.retried(counted, stored_deliveries + routed_all, settled, handed_on):
+        touched.add((retry.account, retry.smuid))
         row = new.get((retry.account, retry.smuid))
         if row is None:
             out["deliveries"].append({**_SETTLED, "account": retry.account, "smuid": retry.smuid,
@@ -254,6 +272,7 @@ def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | 
             out["expired"].append(_reason(retry.account, retry.smuid, "max_retries", retry.seq))
             if (message := messages.get(retry.smuid)) is not None:
                 out["trash"].append(_trash_row(message, "max_retries", retry.account, batch_id, now))
+    return touched
 
 
 def _reason(account: str, smuid: int, reason: str, seq: dict | None) -> dict:
@@ -277,6 +296,21 @@ def _late(spans: list[subs.Interval], publishes: dict[int, dict], routed: set[tu
     alive = [message for message in candidates if not _expired(message["expires_at"], now)
              and not (message["delivery"] == "one" and message["smuid"] in taken)]  # somebody got it
     return subs.late(spans, alive, held | routed, pick_order, peers)
+
+
+def _withhold(out: dict[str, list[dict]], withheld: set[tuple[str, int]], clearings: list[clearing.Clearing],
+              publish: dict, account: str, at: subs.Position, acks: dict, batch_id: int, routed_at: datetime,
+              now: int | None) -> bool:
+    """When a later SUBSCRIBE of the batch clears ``publish`` routed to ``account`` at ``at``
+    (:func:`simple_clearing.withholds`): its delivery row, ``cleared`` at once, and True.  It is never
+    sent, never expires and is never retried; the sink tells the gateways (an ``Acked``)."""
+    if not clearing.withholds(clearings, account, publish["topic"], publish["accepted_at"], at):
+        return False
+    withheld.add((account, publish["smuid"]))
+    row = _delivery_row(publish, account, acks.get((account, publish["smuid"])), _unguaranteed(publish["headers"]),
+                        batch_id, routed_at, now)
+    out["deliveries"].append({**row, "status": "cleared"})
+    return True
 
 
 def _deliver(out: dict[str, list[dict]], publish: dict, account: str, acks: dict, batch_id: int,

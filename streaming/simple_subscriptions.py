@@ -6,8 +6,8 @@ idle and 10-25 s on a host the load keeps busy, whatever the batch holds: one su
 SUBSCRIBE at 1,000 msg/s held everything the job does for ~24 s
 (``bench-results/subscribe-under-load-2026-11-29.md``).  Each function here is the Python form of
 one transform of :mod:`streaming.routing`, named in its docstring; ``tests/streaming/test_simple_batch.py``
-proves the outputs equal by property test.  A SUBSCRIBE whose SINCE clears what was routed before
-it still goes to the routing query (:attr:`streaming.simple_batch.Shape.clearing`).
+proves the outputs equal by property test.  What a SUBSCRIBE's SINCE clears is
+:mod:`streaming.simple_clearing`'s.
 
 Positions (``seq``) are (timestamp, partition, offset) tuples, None for a subscription older than the
 batch; times are microseconds.
@@ -185,11 +185,12 @@ def late(spans: list[Interval], candidates: list[dict], skip: set[tuple[str, int
         if message["delivery"] == "one" and (smuid not in picked or pick_order(smuid, account) <
                                              pick_order(smuid, picked[smuid])):
             picked[smuid] = account
-    return [Late(account, message, _seq(s.from_seq)) for (account, smuid), (_, s, message) in chosen.items()
+    return [Late(account, message, as_seq(s.from_seq)) for (account, smuid), (_, s, message) in chosen.items()
             if message["delivery"] != "one" or picked[smuid] == account]
 
 
-def _seq(at: Position) -> dict:
+def as_seq(at: Position) -> dict:
+    """A position as a record's ``seq`` struct."""
     return {"timestamp": at[0], "partition": at[1], "offset": at[2]}
 
 

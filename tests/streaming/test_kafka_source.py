@@ -419,16 +419,16 @@ def read_all(reader) -> list[int]:
 
 
 @pytest.mark.parametrize("before, after, batches", [
-    (0, 2_500, [2_000, 501]),  # a SUBSCRIBE and its backlog: the query routes 2,000, the driver the rest
-    (2_200, 300, [2_200, 301]),  # a long simple run first: the batch ends just before the SUBSCRIBE
+    (0, 2_500, [2_000, 501]),  # a REMOVE TOPIC and its backlog: the query routes 2,000, the driver the rest
+    (2_200, 300, [2_200, 301]),  # a long simple run first: the batch ends just before the REMOVE TOPIC
     (500, 800, [1_301]),  # within the bound: one batch
 ])
-def test_a_batch_the_routing_query_must_route_ends_soon_after_its_subscribe(broker, before, after, batches):
-    """A SUBSCRIBE (which the routing query routes, in time growing with its rows) arriving with a
+def test_a_batch_the_routing_query_must_route_ends_soon_after_its_removal(broker, before, after, batches):
+    """A REMOVE TOPIC (which the routing query routes, in time growing with its rows) arriving with a
     backlog does not make the whole backlog one batch for that query (``max_records_per_query_batch``,
     2,000): a lone drain's first batch took 54 s so, and 100,000 rows once ran the driver out of heap."""
     topic = new_topic(broker, partitions=1)
-    produce(broker, topic, publishes(1, before) + [ev.Subscribe("bob", "gb", "/q/backlog", 999).to_bytes()]
+    produce(broker, topic, publishes(1, before) + [ev.RemoveTopic("r", "admin", "/q/other", 999).to_bytes()]
             + publishes(before + 1, after), partitions=1)
     reader = job_reader(broker, topic)
     try:
@@ -437,9 +437,12 @@ def test_a_batch_the_routing_query_must_route_ends_soon_after_its_subscribe(brok
         reader.stop()
 
 
-def test_a_backlog_of_publishes_alone_is_still_read_in_one_batch(broker):
+@pytest.mark.parametrize("since", [None, 1])
+def test_a_backlog_of_publishes_and_subscribes_is_still_read_in_one_batch(broker, since):
+    """SUBSCRIBEs, those whose SINCE clears too, are routed on the driver: they do not end a batch."""
     topic = new_topic(broker, partitions=1)
-    produce(broker, topic, publishes(1, 2_500), partitions=1)
+    produce(broker, topic, publishes(1, 1_000) + [ev.Subscribe("bob", "gb", "/q/backlog", 999, since).to_bytes()]
+            + publishes(1_001, 1_499), partitions=1)
     reader = job_reader(broker, topic)
     try:
         assert read_all(reader) == [2_500]
@@ -447,9 +450,9 @@ def test_a_backlog_of_publishes_alone_is_still_read_in_one_batch(broker):
         reader.stop()
 
 
-def test_a_subscribe_a_later_poll_of_the_same_read_brings_still_ends_the_batch():
+def test_a_removal_a_later_poll_of_the_same_read_brings_still_ends_the_batch():
     """While a burst is deferred, ``kept`` grows poll by poll and the reader asks after each where the
-    batch ends; it scans only what the last poll added, and must still find a SUBSCRIBE there after
+    batch ends; it scans only what the last poll added, and must still find a REMOVE TOPIC there after
     earlier polls brought none (no broker: the reader's cut alone, on records as Kafka gives them)."""
     config = load_config(env={}, kafka={"bootstrap": "127.0.0.1:9", "commands_topic": "unused"},
                          streaming={"source": "python"})
@@ -457,8 +460,8 @@ def test_a_subscribe_a_later_poll_of_the_same_read_brings_still_ends_the_batch()
     kept = [SimpleNamespace(value=value) for value in publishes(1, 2_100)]
     scan = _QueryCommandScan()
     assert reader._query_batch_end(kept, scan) == 2_100
-    kept += [SimpleNamespace(value=None), SimpleNamespace(value=ev.Subscribe("bob", "gb", "/q/backlog", 999).to_bytes())]
+    kept += [SimpleNamespace(value=None), SimpleNamespace(value=ev.RemoveTopic("r", "admin", "/q/other", 999).to_bytes())]
     kept += [SimpleNamespace(value=value) for value in publishes(2_101, 50)]
-    assert reader._query_batch_end(kept, scan) == 2_101  # just before the SUBSCRIBE
+    assert reader._query_batch_end(kept, scan) == 2_101  # just before the REMOVE TOPIC
     kept.append(SimpleNamespace(value=ev.Nack("bob", "gb", 1, 1_001, 5).to_bytes()))
     assert reader._query_batch_end(kept, scan) == 2_101
