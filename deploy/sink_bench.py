@@ -9,7 +9,10 @@ a new account, to a topic nobody publishes to): still routed on the driver, with
 messages.  With ``--receipts`` a tenth of the publishes ask for RECEIPT ONE, so receipts fall due at
 the next batch's ACKs: on the driver too (:mod:`streaming.simple_receipts`).  With ``--nack`` each
 batch also holds a NACK of one of the previous batch's deliveries: on the driver too
-(:mod:`streaming.simple_nacks`; before, the routing query routed such a batch).  It prints, per batch, the time to compute the outputs
+(:mod:`streaming.simple_nacks`; before, the routing query routed such a batch).  With ``--since`` the
+first subscriber SUBSCRIBEs again with SINCE in each batch, clearing what it left unacknowledged
+(:mod:`streaming.simple_clearing`); ``--through-query`` routes every batch by the routing query, as
+such a batch was before.  It prints, per batch, the time to compute the outputs
 (``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
 producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
@@ -50,12 +53,16 @@ def subscribe(config, accounts: list[str]) -> None:
 
 
 def batch_events(index: int, publishes: int, accounts: list[str], subscribe: bool = False, receipts: bool = False,
-                 nack: bool = False) -> list:
-    """Batch ``index``: a SUBSCRIBE if ``subscribe`` and a NACK of the previous batch's first delivery if
-    ``nack``, its publishes (a minute's Timeout; every tenth asking for RECEIPT ONE if ``receipts``), the
-    ACKs of the previous batch's, a tick."""
+                 nack: bool = False, since: bool = False) -> list:
+    """Batch ``index``: a SUBSCRIBE if ``subscribe``, a NACK of the previous batch's first delivery if
+    ``nack``, and if ``since`` the first account SUBSCRIBing again with SINCE at the batch's start, its
+    publishes (a minute's Timeout; every tenth asking for RECEIPT ONE if ``receipts``), the
+    ACKs of the previous batch's (with ``since``, the first account's but every tenth, which SINCE clears),
+    a tick."""
     at = US0 + index * 1_000_000
     events = [ev.Subscribe(f"new{index}", f"g-new{index}", "/elsewhere", at - 1)] if subscribe else []
+    if since and index:
+        events.append(ev.Subscribe(accounts[0], f"g-{accounts[0]}", "/bench/*", at - 1, since=at - 1))
     if nack and index:
         events.append(ev.Nack(accounts[0], f"g-{accounts[0]}", (index - 1) * publishes + 1, at - 1, 3))
     events += [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
@@ -63,7 +70,8 @@ def batch_events(index: int, publishes: int, accounts: list[str], subscribe: boo
                for n in range(publishes)]
     if index:
         events += [ev.Ack(account, f"g-{account}", (index - 1) * publishes + n + 1, at + publishes + n)
-                   for n in range(publishes) for account in accounts]
+                   for n in range(publishes) for account in accounts
+                   if not (since and account == accounts[0] and n % 10 == 0)]
     return events + [ev.Tick(at + 900_000)]
 
 
@@ -79,7 +87,7 @@ def run(args) -> dict:
     from streaming.warm_up import kafka_records
 
     workdir = tempfile.mkdtemp(prefix="smqp-sink-bench-")
-    config = load_config(env={}, data_dir=f"{workdir}/data")
+    config = load_config(env={}, data_dir=f"{workdir}/data", streaming={"simple_batches": not args.through_query})
     spark = build_session(config.streaming, app_name="sink-bench")  # the job's session, its settings
     try:
         accounts = [f"sub{n}" for n in range(args.subscribers)]
@@ -90,7 +98,7 @@ def run(args) -> dict:
         offset = 0
         for index in range(args.warmup + args.batches):
             arrow = kafka_records(batch_events(index, args.publishes, accounts, args.subscribe, args.receipts,
-                                               args.nack),
+                                               args.nack, args.since),
                                   datetime.now(timezone.utc), offset, topic="bench")
             offset += arrow.num_rows
             started = time.perf_counter()
@@ -103,7 +111,8 @@ def run(args) -> dict:
             if (index + 1) % 20 == 0:
                 print(f"  {index + 1} batches", flush=True)
         return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
-                "subscribe": args.subscribe, "receipts": args.receipts, "nack": args.nack,
+                "subscribe": args.subscribe, "receipts": args.receipts, "nack": args.nack, "since": args.since,
+                "through_query": args.through_query,
                 "outputs_ms": percentiles([t[0] for t in timings]),
                 "query_plan_ms": percentiles([t[2] for t in timings]),
                 "commit_ms": percentiles([t[1] for t in timings]),
@@ -127,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="every tenth publish asks for RECEIPT ONE, due at the next batch's ACKs")
     parser.add_argument("--nack", action="store_true",
                         help="a NACK in every batch (routed on the driver)")
+    parser.add_argument("--since", action="store_true",
+                        help="the first subscriber SUBSCRIBEs again with SINCE in every batch, clearing the tenth "
+                             "of its deliveries it did not ACK (routed on the driver)")
+    parser.add_argument("--through-query", action="store_true",
+                        help="every batch through the routing query ([streaming] simple_batches = false), "
+                             "for comparison")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:
         parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
     print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
           f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}{', receipts' if args.receipts else ''}"
-          f"{', a NACK' if args.nack else ''}), after {args.warmup} warm-up batches ...",
+          f"{', a NACK' if args.nack else ''}{', a SUBSCRIBE with SINCE' if args.since else ''})"
+          f"{', all through the routing query' if args.through_query else ''}, after {args.warmup} warm-up batches ...",
           flush=True)
     figures = run(args)
     for name in ("outputs_ms", "query_plan_ms", "commit_ms", "total_ms"):
