@@ -8,12 +8,12 @@ messages and the ACKs of their subscribers; for those, the routing query reduces
 each publish's subscribers and a join of the ACKs, which this module does in Python over the
 batch's decoded records.  Measured with ``python -m deploy.job_latency``: see docs/design.md.
 
-A batch is *simple* (:func:`is_simple`) when it holds no REMOVE TOPIC and no SUBSCRIBE whose SINCE
-clears what was routed before it: publishes (DELIVERY ONE ones too), ACKs, NACKs
-(:mod:`streaming.simple_nacks`: retries, and DELIVERY ONE messages handed on), SUBSCRIBEs and
-UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late subscribers included), expiry into the
-Trash and receipts (:mod:`streaming.simple_receipts`); everything else still goes to the routing
-query, which stays the definition.  Every output here equals that query's for the same batch and
+A batch is *simple* (:func:`is_simple`) when it holds no REMOVE TOPIC: publishes (DELIVERY ONE ones
+too), ACKs, NACKs (:mod:`streaming.simple_nacks`: retries, and DELIVERY ONE messages handed on),
+SUBSCRIBEs and UNSUBSCRIBEs (:mod:`streaming.simple_subscriptions`, late subscribers included; what
+a SINCE clears, :mod:`streaming.simple_clearing`), expiry into the Trash and receipts
+(:mod:`streaming.simple_receipts`); a REMOVE TOPIC still goes to the routing query, which stays the
+definition.  Every output here equals that query's for the same batch and
 state: ``tests/streaming/test_simple_batch.py`` proves it by property test.  The subscribers come
 from the rule the gateways route early by (:func:`schemas.topics.recipients`).
 """
