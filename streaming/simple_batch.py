@@ -202,12 +202,12 @@ def route(events: list[dict], current: pa.Table, pending: pa.Table, stored: pa.T
     for row in sorted(stored.to_pylist() + out["messages"], key=lambda m: m["batch_id"]):
         messages.setdefault(row["smuid"], row)
     _trash(out, expiring, messages, batch_id, now)
+    settled = set(acks) | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
     nacked: set[tuple[str, int]] = set()
     if any(event["type"] == "nack" for event in events):
-        nacked = _nacks(out, events, retrying, publishes, stored, spans, acks, expiring, messages, batch_id,
+        nacked = _nacks(out, events, retrying, publishes, stored, spans, acks, settled, messages, batch_id,
                         routed_at, now, peers)
-    settled = set(acks) | nacked | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
-    for account, smuid, at in clearing.cleared(spans, clearable, settled):
+    for account, smuid, at in clearing.cleared(spans, clearable, settled | nacked):
         out["deliveries"].append({**_SETTLED, "account": account, "smuid": smuid, "status": "cleared"})
         out["expired"].append(_reason(account, smuid, "cleared", subs.as_seq(at)))
     if receipt_state is not None:
@@ -227,16 +227,16 @@ def _answer(out: dict[str, list[dict]], answers: list[tuple[receipts.Due, dict]]
 
 
 def _nacks(out: dict[str, list[dict]], events: list[dict], retrying: pa.Table | None, publishes: dict[int, dict],
-           stored: pa.Table, spans: list[subs.Interval], acks: dict, expiring: dict[int, list[str]],
+           stored: pa.Table, spans: list[subs.Interval], acks: dict, settled: set[tuple[str, int]],
            messages: Mapping[int, dict], batch_id: int, routed_at: datetime, now: int | None,
            peers: Mapping[str, str]) -> set[tuple[str, int]]:
     """The batch's NACKs (:mod:`streaming.simple_nacks`): DELIVERY ONE messages handed on (a delivery and
     a Deliver to the new subscriber, ``released`` and an Acked to the old one), and retries counted,
     those out of retries into the Trash.  A delivery routed in this batch carries its count itself.
+    ``settled``: the (account, smuid) the batch acknowledges or expires, which NACKs leave alone.
     Returns the (account, smuid) retried or handed on: a SINCE does not clear those."""
     counted = nacks.nacked(events)
     stored_deliveries = [] if retrying is None else nacks.stored_rows(retrying)
-    settled = set(acks) | {(account, smuid) for smuid, accounts in expiring.items() for account in accounts}
     gone = {e["account"] for e in events if e["type"] == "nack" and e["reason"] == "disconnect"}
     first = {**publishes, **{m["smuid"]: m for m in subs.stored_publishes(stored, set())}}  # stored first, as by batch
     handed_on = nacks.released(counted, stored_deliveries, settled, gone, spans, first, pick_order, peers)

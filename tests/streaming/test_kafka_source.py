@@ -307,11 +307,11 @@ def test_the_jobs_reader_reads_a_burst_whole_even_one_larger_than_the_old_batch_
                          streaming={"source": "python"})
     _, options = source_options(config)
     reader = KafkaDataSource(options).simpleStreamReader(KAFKA_RECORD)
-    begin = reader.initialOffset()
-    with burst_sender(broker, topic, count=30000, announce_after=2000) as sender:
-        batches, end = reader.read(begin)
-        assert sender.wait(timeout=60) == 0
     try:
+        begin = reader.initialOffset()
+        with burst_sender(broker, topic, count=30000, announce_after=2000) as sender:
+            batches, end = reader.read(begin)
+            assert sender.wait(timeout=60) == 0
         assert sum(batch.num_rows for batch in batches) == 30000
         assert sum(end.values()) == 30000
     finally:
