@@ -69,6 +69,7 @@ from streaming.sink.records import (
     publish_before_subscribe,
     published_before_removal,
     removed_topics,
+    starting,
     subscribes,
 )
 from streaming.sink.tables import DeltaTables
@@ -218,7 +219,8 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         orphaned = pa.concat_tables([orphaned, pa.table({"smuid": pa.array(published_before_removal(arrow_records),
                                                                            pa.int64())}).cast(orphaned.schema)])
         subscribed = subscribes(arrow_records)
-        late_stored, late_held = self.late_candidates(deliveries, [(a, p) for a, p, _ in subscribed], now)
+        late_stored, late_held = self.late_candidates(
+            deliveries, starting(arrow_records, subscribed, self.active_subscriptions()), now)
         sinced = [a for a, _, since in subscribed if since]
         clearable = self.clearable(deliveries, sinced)
         expiry = may_expire(arrow_records, now, pending)

@@ -272,6 +272,20 @@ def test_a_late_subscriber_gets_stored_messages_that_have_not_expired(spark, tmp
     assert delivered(again) == []
 
 
+def test_a_resubscribe_takes_no_late_message_and_one_after_an_unsubscribe_in_its_batch_does(spark, tmp_path):
+    """A SUBSCRIBE to a subscription already active only redefines its SINCE/UNTIL (the sink does not
+    look for late messages for it); after an UNSUBSCRIBE in the same batch it starts a new subscription,
+    which takes what is stored and alive."""
+    sink = CommandSink(load_config(env={}, data_dir=str(tmp_path)))
+    run_batch(spark, sink, 0, [ev.Subscribe("bob", "gb", "/t/*", US0, since=US0 + 5),
+                               ev.Publish(1, "/t/x", "c1", "alice", "gp", US0 + 1, expires_at=US0 + 60_000_000)])
+    again = run_batch(spark, sink, 1, [ev.Subscribe("bob", "gb", "/t/*", US0 + 10)], offset=10)
+    assert delivered(again) == []  # SINCE is gone from now on, but 1 came before
+    anew = run_batch(spark, sink, 2, [ev.Unsubscribe("bob", "gb", "/t/*", US0 + 20),
+                                      ev.Subscribe("bob", "gb", "/t/*", US0 + 21)], offset=20)
+    assert delivered(anew) == [("bob", 1)]
+
+
 def test_an_expiring_message_goes_to_the_trash_alike_from_the_jobs_memory_and_from_the_table(spark, tmp_path):
     """The rows the sink keeps of the messages it committed (``streaming.sink.recent``) give the Trash
     the row the ``messages`` table gives a restarted job, which keeps nothing yet."""
