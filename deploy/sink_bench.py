@@ -11,7 +11,9 @@ the next batch's ACKs: on the driver too (:mod:`streaming.simple_receipts`).  Wi
 batch also holds a NACK of one of the previous batch's deliveries: on the driver too
 (:mod:`streaming.simple_nacks`; before, the routing query routed such a batch).  With ``--since`` the
 first subscriber SUBSCRIBEs again with SINCE in each batch, clearing what it left unacknowledged
-(:mod:`streaming.simple_clearing`); ``--through-query`` routes every batch by the routing query, as
+(:mod:`streaming.simple_clearing`).  With ``--expiring`` each batch's last publish expires unacknowledged
+before the batch's tick, so every batch commits Trash rows too, as the job's under the expiry probe of
+:mod:`deploy.job_latency`; ``--through-query`` routes every batch by the routing query, as
 such a batch was before.  It prints, per batch, the time to compute the outputs
 (``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
@@ -53,12 +55,12 @@ def subscribe(config, accounts: list[str]) -> None:
 
 
 def batch_events(index: int, publishes: int, accounts: list[str], subscribe: bool = False, receipts: bool = False,
-                 nack: bool = False, since: bool = False) -> list:
+                 nack: bool = False, since: bool = False, expiring: bool = False) -> list:
     """Batch ``index``: a SUBSCRIBE if ``subscribe``, a NACK of the previous batch's first delivery if
     ``nack``, and if ``since`` the first account SUBSCRIBing again with SINCE at the batch's start, its
-    publishes (a minute's Timeout; every tenth asking for RECEIPT ONE if ``receipts``), the
-    ACKs of the previous batch's (with ``since``, the first account's but every tenth, which SINCE clears),
-    a tick."""
+    publishes (a minute's Timeout; every tenth asking for RECEIPT ONE if ``receipts``; with ``expiring``
+    the last half a second's, and never ACKed), the ACKs of the previous batch's (with ``since``, the first
+    account's but every tenth, which SINCE clears), a tick."""
     at = US0 + index * 1_000_000
     events = [ev.Subscribe(f"new{index}", f"g-new{index}", "/elsewhere", at - 1)] if subscribe else []
     if since and index:
@@ -66,12 +68,12 @@ def batch_events(index: int, publishes: int, accounts: list[str], subscribe: boo
     if nack and index:
         events.append(ev.Nack(accounts[0], f"g-{accounts[0]}", (index - 1) * publishes + 1, at - 1, 3))
     events += [ev.Publish(index * publishes + n + 1, f"/bench/{n % 10}", f"c{index}-{n}", "pub", "g-pub", at + n,
-                          expires_at=at + 60_000_000, receipt="one" if receipts and n % 10 == 0 else "none")
+                          expires_at=at + (500_000 if expiring and n == publishes - 1 else 60_000_000), receipt="one" if receipts and n % 10 == 0 else "none")
                for n in range(publishes)]
     if index:
         events += [ev.Ack(account, f"g-{account}", (index - 1) * publishes + n + 1, at + publishes + n)
                    for n in range(publishes) for account in accounts
-                   if not (since and account == accounts[0] and n % 10 == 0)]
+                   if not (since and account == accounts[0] and n % 10 == 0) and not (expiring and n == publishes - 1)]
     return events + [ev.Tick(at + 900_000)]
 
 
@@ -98,7 +100,7 @@ def run(args) -> dict:
         offset = 0
         for index in range(args.warmup + args.batches):
             arrow = kafka_records(batch_events(index, args.publishes, accounts, args.subscribe, args.receipts,
-                                               args.nack, args.since),
+                                               args.nack, args.since, args.expiring),
                                   datetime.now(timezone.utc), offset, topic="bench")
             offset += arrow.num_rows
             started = time.perf_counter()
@@ -111,7 +113,7 @@ def run(args) -> dict:
             if (index + 1) % 20 == 0:
                 print(f"  {index + 1} batches", flush=True)
         return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
-                "subscribe": args.subscribe, "receipts": args.receipts, "nack": args.nack, "since": args.since,
+                "subscribe": args.subscribe, "receipts": args.receipts, "nack": args.nack, "since": args.since, "expiring": args.expiring,
                 "through_query": args.through_query,
                 "outputs_ms": percentiles([t[0] for t in timings]),
                 "query_plan_ms": percentiles([t[2] for t in timings]),
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--since", action="store_true",
                         help="the first subscriber SUBSCRIBEs again with SINCE in every batch, clearing the tenth "
                              "of its deliveries it did not ACK (routed on the driver)")
+    parser.add_argument("--expiring", action="store_true",
+                        help="each batch's last publish expires unacknowledged within it: Trash rows in every batch")
     parser.add_argument("--through-query", action="store_true",
                         help="every batch through the routing query ([streaming] simple_batches = false), "
                              "for comparison")
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
     print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
           f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}{', receipts' if args.receipts else ''}"
-          f"{', a NACK' if args.nack else ''}{', a SUBSCRIBE with SINCE' if args.since else ''})"
+          f"{', a NACK' if args.nack else ''}{', a SUBSCRIBE with SINCE' if args.since else ''}{', an expiry' if args.expiring else ''})"
           f"{', all through the routing query' if args.through_query else ''}, after {args.warmup} warm-up batches ...",
           flush=True)
     figures = run(args)
