@@ -7,8 +7,10 @@ Per batch, :class:`CommandSink` runs the pure transforms of
    ``smqp.deliveries`` (key = subscriber account) — sent asynchronously,
    before the Delta commit, for latency; a replayed batch re-emits and
    gateways deduplicate by (account, smuid);
-2. **commits** ``trash`` (merge), ``messages`` (append), ``deliveries`` (merge on account, smuid)
-   and finally ``subscriptions`` (merge on account, pattern) with delta-rs.
+2. **commits** ``trash`` (append, or merge when a key may be stored) then ``deliveries`` (merge on
+   account, smuid), ``messages`` (append) beside them; then ``unrouted`` beside ``receipts``, and
+   finally ``subscriptions`` (merge on account, pattern), with delta-rs
+   (:meth:`DeltaCommits.commit_outputs`).
    Every commit carries the Delta app transaction ``(f"{query}:{table}",
    batch_id)`` and a table whose recorded version is already ≥ ``batch_id``
    is skipped, so a replayed batch never duplicates a row (DESIGN Property 4).
@@ -138,6 +140,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self.config = config
         self.query_name = config.streaming.query_name
         self._producer = None
+        self._commit_pool = None  # :meth:`commit_pool`
         self.sweep_trash = TrashSweeper(config, lambda: self._existing("trash"))
         self.compact = TableCompactor(config, self._existing)
         self.topic_settings = TopicSettings(config.topics)
@@ -164,6 +167,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         return self._producer
 
     def close(self) -> None:
+        self.close_commit_pool()
         if self._producer is not None:
             self._producer.close()
             self._producer = None

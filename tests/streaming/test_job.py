@@ -482,6 +482,39 @@ def test_a_delivery_expires_at_its_own_time_not_at_the_next_regular_tick(spark, 
     assert [(t["smuid"], t["reason"]) for t in trash] == [(1, "expired")]
 
 
+def test_a_commit_failing_beside_another_fails_its_batch_once_both_ended_and_the_replay_commits_each_once(
+        spark, config, sink, monkeypatch):
+    """``messages`` is committed beside the Trash and then deliveries (``DeltaCommits._beside``).  When
+    the Trash's commit fails, deliveries are not committed, and the batch fails only after the
+    ``messages`` commit beside it has landed: its replay, started at once, must never run beside a
+    commit of the batch it replays."""
+    sink(batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0)]), 0)
+    frame = batch_frame(spark, [ev.Publish(1, "/t", "c1", "alice", "ga", T0 + 1, expires_at=T0 + 50),
+                                ev.Publish(2, "/t", "c2", "alice", "ga", T0 + 2), ev.Tick(T0 + 60)], 3)
+    real_trash, real_messages = CommandSink._commit_trash, CommandSink._commit_messages
+
+    def trash_fails(self, rows, batch_id):
+        raise OSError("the disk refused the Trash")
+
+    def messages_slowly(self, rows, batch_id):
+        time.sleep(1.0)
+        return real_messages(self, rows, batch_id)
+
+    monkeypatch.setattr(CommandSink, "_commit_trash", trash_fails)
+    monkeypatch.setattr(CommandSink, "_commit_messages", messages_slowly)
+    with pytest.raises(OSError, match="refused the Trash"):
+        sink(frame, 1)
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2]  # landed before the batch failed
+    assert not table(config, "trash") and not table(config, "deliveries")
+    monkeypatch.setattr(CommandSink, "_commit_trash", real_trash)
+    monkeypatch.setattr(CommandSink, "_commit_messages", real_messages)
+    sink(frame, 1)
+    sink(frame, 1)
+    assert sorted(m["smuid"] for m in table(config, "messages")) == [1, 2]
+    assert [(t["smuid"], t["account"]) for t in table(config, "trash")] == [(1, "")]  # the message, as a whole
+    assert sorted((d["smuid"], d["status"]) for d in table(config, "deliveries")) == [(1, "expired"), (2, "pending")]
+
+
 def test_expiry_replayed_after_a_crash_between_trash_and_deliveries_trashes_once(spark, config, sink, monkeypatch):
     sink(batch_frame(spark, [ev.Subscribe("bob", "gb", "/t", T0),
                              ev.Publish(1, "/t", "c1", "alice", "ga", T0 + 1, expires_at=T0 + 100),
