@@ -138,7 +138,7 @@ def starting(records: pa.Table, subscribed: list[tuple[str, str, bool]], active:
     if not subscribed:
         return []
     active_pairs = set(zip(active.column("account").to_pylist(), active.column("pattern").to_pylist()))
-    leaving = {account for (account,) in distinct_fields(events_of(records, "unsubscribe"), lambda e: (str(e["account"]),))}
+    leaving = set(distinct_fields(events_of(records, "unsubscribe"), lambda e: str(e["account"])))
     return sorted({(account, pattern) for account, pattern, _ in subscribed
                    if (account, pattern) not in active_pairs or account in leaving})
 
