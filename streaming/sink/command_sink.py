@@ -7,13 +7,16 @@ Per batch, :class:`CommandSink` runs the pure transforms of
    ``smqp.deliveries`` (key = subscriber account) — sent asynchronously,
    before the Delta commit, for latency; a replayed batch re-emits and
    gateways deduplicate by (account, smuid);
-2. **commits** ``trash`` (append, or merge when a key may be stored) then ``deliveries`` (merge on
-   account, smuid), ``messages`` (append) beside them; then ``unrouted`` beside ``receipts``, and
+2. **commits** ``trash`` (append, or merge when a key may be stored) then ``deliveries`` (the new
+   rows of the batch's own publishes appended, the rest merged on account, smuid), ``messages``
+   (append) beside them; then ``unrouted`` (as ``deliveries``) beside ``receipts``, and
    finally ``subscriptions`` (merge on account, pattern), with delta-rs
    (:meth:`DeltaCommits.commit_outputs`).
    Every commit carries the Delta app transaction ``(f"{query}:{table}",
    batch_id)`` and a table whose recorded version is already ≥ ``batch_id``
-   is skipped, so a replayed batch never duplicates a row (DESIGN Property 4).
+   is skipped, so a replayed batch never duplicates a row (DESIGN Property 4).  The append before a
+   merge carries none: the first batch after a start or a failure removes what such an append of
+   its own left (:meth:`DeltaCommits.undo_fresh_deliveries`).
    ``subscriptions`` goes last and is read at the start of each batch: when it
    already holds this batch, every table does and the batch is skipped whole;
    otherwise it still holds the state *before* this batch, so a replay routes
@@ -70,6 +73,7 @@ from streaming.sink.records import (
     progress_rows,
     publish_before_subscribe,
     published_before_removal,
+    published_smuids,
     removed_topics,
     starting,
     subscribes,
@@ -151,6 +155,7 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
         self._expiry_floor: int | None = None  # no stored delivery expires before (µs; :meth:`expiry_candidates`)
         self._tables: dict[str, DeltaTable] = {}  # the Delta tables, open (:meth:`_table`)
         self._versions: dict[str, int | None] = {}  # the batch each table last committed (:meth:`committed_version`)
+        self._recovering = True  # the next batch follows a start or a failure (:meth:`undo_fresh_deliveries`)
         self.recent = RecentMessages()  # committed messages that expire soon (:meth:`stored_messages`)
         self._log_floors: dict[int, int] = {}  # per commands partition, its last record's time (:func:`in_log_order`)
         # the last batch's routing query: ms planning it (parse, analyse, optimise, physical plan), running it
@@ -319,12 +324,16 @@ class CommandSink(DeltaTables, StoredReads, InFlightLimit, DeltaCommits):
                 log.info("batch %d: already committed, skipped", batch_id)
                 return
             records, floors = in_log_order(batch_df.toArrow(), self._log_floors)
+            if self._recovering:  # the batch may be a replay of one that failed between two commits
+                self.undo_fresh_deliveries(batch_id, published_smuids(records))
+                self._recovering = False
             now = batch_now(records)
             self.sweep_trash(now)  # retention, here: the one thread that writes the trash table
             self._route(batch_df, batch_id, records, now, started)
             self._log_floors = floors
             self.compact(now)  # here for the same reason, once the batch's records are out
         except BaseException:
+            self._recovering = True
             self.forget_versions()  # its replay asks the tables what it committed
             self.forget_expiry_floor()
             raise

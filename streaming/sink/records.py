@@ -179,11 +179,21 @@ def published_before_removal(records: pa.Table) -> list[int]:
 SMUID_FIELD = r'"smuid"\s*:\s*(?P<n>\d+)'
 
 
-def acked_smuids(records: pa.Table) -> list[int]:
-    """The smuids the batch's ACK records name (common: read by regex, not decoded)."""
-    values = pc.cast(records.column("value"), pa.string()).filter(_is(records, "ack"))
+def _smuids_of(records: pa.Table, type_: str) -> list[int]:
+    """The smuids the batch's records of ``type_`` name (read by regex, not decoded)."""
+    values = pc.cast(records.column("value"), pa.string()).filter(_is(records, type_))
     numbers = pc.struct_field(pc.extract_regex(values, SMUID_FIELD), [0])
     return sorted(set(pc.cast(numbers, pa.int64()).drop_null().to_pylist()))
+
+
+def acked_smuids(records: pa.Table) -> list[int]:
+    """The smuids the batch's ACK records name (common: read by regex, not decoded)."""
+    return _smuids_of(records, "ack")
+
+
+def published_smuids(records: pa.Table) -> list[int]:
+    """The smuids of the batch's publishes."""
+    return _smuids_of(records, "publish")
 
 
 def acks_its_own_receipt_publish(records: pa.Table) -> bool:

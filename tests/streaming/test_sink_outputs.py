@@ -207,8 +207,9 @@ def test_new_deliveries_no_row_matches_are_appended_the_others_merged(spark, tmp
 
     stored = deliveries.to_pyarrow_table(filters=[("smuid", "=", 2)])
     released = stored.set_column(stored.schema.get_field_index("status"), "status", pa.array(["released"]))
-    sink._commit_deliveries(released.append_column("is_new", pa.array([False])), 2)
-    sink._commit_deliveries(stored.append_column("is_new", pa.array([True])), 3)  # handed back to bob
+    none = pa.chunked_array([], pa.int64())  # no publish of its own in either batch
+    sink._commit_deliveries(released.append_column("is_new", pa.array([False])), 2, none)
+    sink._commit_deliveries(stored.append_column("is_new", pa.array([True])), 3, none)  # handed back to bob
     deliveries.update_incremental()
     assert deliveries.history(1)[0]["operation"] == "MERGE"
     assert table_rows(sink, "deliveries") == [("bob", 1, "pending"), ("bob", 2, "pending")]
