@@ -15,7 +15,9 @@ first subscriber SUBSCRIBEs again with SINCE in each batch, clearing what it lef
 before the batch's tick, so every batch commits Trash rows too, as the job's under the expiry probe of
 :mod:`deploy.job_latency`; ``--through-query`` routes every batch by the routing query, as
 such a batch was before.  It prints, per batch, the time to compute the outputs
-(``outputs()``: the Delta reads and the routing) and to commit them (``commit_outputs()``), and
+(``outputs()``: the Delta reads and the routing), to commit them (``commit_outputs()``) and to
+compact the tables after it, as the job does between batches (``compact_ms``: most batches none, one
+in some fifty a table's files; in ``total_ms`` since 2026-12-07), and
 their p50 / p90 / p99 over ``--batches`` batches after ``--warmup`` discarded ones.  The Kafka
 producer and the query's own overhead are not in it: see :mod:`deploy.job_latency` for the whole
 stack.  Everything runs in a temporary directory, removed at the end.
@@ -86,6 +88,7 @@ def percentiles(values: list[float]) -> dict:
 def run(args) -> dict:
     from streaming.session import build_session
     from streaming.sink import CommandSink
+    from streaming.sink.records import batch_now
     from streaming.warm_up import kafka_records
 
     workdir = tempfile.mkdtemp(prefix="smqp-sink-bench-")
@@ -107,9 +110,12 @@ def run(args) -> dict:
             out = sink.outputs(frame, index + 1, T0 + timedelta(seconds=index), arrow)
             routed = time.perf_counter()
             sink.commit_outputs(out, index + 1)
+            committed = time.perf_counter()
+            sink.compact(batch_now(arrow))  # as the job does after each batch
             done = time.perf_counter()
             if index >= args.warmup:
-                timings.append(((routed - started) * 1000, (done - routed) * 1000, sink.query_ms["plan"]))
+                timings.append(((routed - started) * 1000, (committed - routed) * 1000, sink.query_ms["plan"],
+                                (done - committed) * 1000))
             if (index + 1) % 20 == 0:
                 print(f"  {index + 1} batches", flush=True)
         return {"batches": args.batches, "publishes": args.publishes, "subscribers": args.subscribers,
@@ -118,7 +124,8 @@ def run(args) -> dict:
                 "outputs_ms": percentiles([t[0] for t in timings]),
                 "query_plan_ms": percentiles([t[2] for t in timings]),
                 "commit_ms": percentiles([t[1] for t in timings]),
-                "total_ms": percentiles([t[0] + t[1] for t in timings])}
+                "compact_ms": percentiles([t[3] for t in timings]),
+                "total_ms": percentiles([t[0] + t[1] + t[3] for t in timings])}
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', all through the routing query' if args.through_query else ''}, after {args.warmup} warm-up batches ...",
           flush=True)
     figures = run(args)
-    for name in ("outputs_ms", "query_plan_ms", "commit_ms", "total_ms"):
+    for name in ("outputs_ms", "query_plan_ms", "commit_ms", "compact_ms", "total_ms"):
         print(f"{name:>13}: " + "  ".join(f"{k} {v:,}" for k, v in figures[name].items()))
     if args.json:
         with open(args.json, "w") as out:
