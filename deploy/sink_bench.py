@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=100, help="measured batches (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="batches run first, not counted (default 10)")
     parser.add_argument("--publishes", type=int, default=200, help="publishes per batch (default 200)")
-    parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2)")
+    parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2; 0: nobody, so every publish waits in "
+                             "``unrouted``, as the load of deploy.job_latency does)")
     parser.add_argument("--subscribe", action="store_true",
                         help="a SUBSCRIBE in every batch (routed on the driver)")
     parser.add_argument("--receipts", action="store_true",
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                              "for comparison")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    if min(args.batches, args.publishes, args.subscribers) < 1 or args.warmup < 0:
-        parser.error("--batches, --publishes and --subscribers must be at least 1, --warmup not negative")
+    if min(args.batches, args.publishes) < 1 or min(args.subscribers, args.warmup) < 0:
+        parser.error("--batches and --publishes must be at least 1, --subscribers and --warmup not negative")
     print(f"sink bench: {args.batches} batches of {args.publishes} publishes to {args.subscribers} subscribers "
           f"(+ their ACKs{', a SUBSCRIBE' if args.subscribe else ''}{', receipts' if args.receipts else ''}"
           f"{', a NACK' if args.nack else ''}{', a SUBSCRIBE with SINCE' if args.since else ''}{', an expiry' if args.expiring else ''})"

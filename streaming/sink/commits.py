@@ -15,9 +15,16 @@ from delta_edge import rows_within
 from schemas.spark import DELIVERIES_TABLE, TABLES, arrow_schema
 
 
-def _holds_any(table: DeltaTable, rows: pa.Table, low: int, high: int) -> bool:
-    """Whether ``table`` holds a row of the ``(account, smuid)`` of any of ``rows``, whose SMUIDs run from
-    ``low`` to ``high``: read from the few files whose SMUID range may (``delta_edge.rows_within``).
+def _smuid_range(rows: pa.Table) -> tuple[int, int]:
+    """The lowest and highest SMUID of ``rows``: the bounds that let a read or a merge skip every file
+    whose SMUID range lies outside them."""
+    bounds = pc.min_max(rows.column("smuid"))
+    return int(bounds["min"].as_py()), int(bounds["max"].as_py())
+
+
+def _holds_any(table: DeltaTable, rows: pa.Table) -> bool:
+    """Whether ``table`` holds a row of the ``(account, smuid)`` of any of ``rows``: read from the few
+    files whose SMUID range may (``delta_edge.rows_within``).
     A null account is the whole message's, as ``''`` is (older Trash rows).
 
     Why: a batch's new deliveries and Trash rows are mostly of messages it brought or that die in it,
@@ -25,6 +32,7 @@ def _holds_any(table: DeltaTable, rows: pa.Table, low: int, high: int) -> bool:
     50-file table: 23 ms against 71; a quiet batch spent 91 ms p50 in all its commits).  But a new
     delivery may find its key stored: a DELIVERY ONE message handed back to a subscriber that held it
     (``released`` there), or one that waits again (``unrouted``); then only the merge keeps it one row."""
+    low, high = _smuid_range(rows)
     stored = rows_within(table, ["account", "smuid"], [("smuid", ">=", low), ("smuid", "<=", high)])
     if not stored.num_rows:
         return False
@@ -164,23 +172,25 @@ class DeltaCommits:
             if self._exists(name) and not self._done(name, batch_id):
                 self._table(name).delete(f"routed_batch_id = {int(batch_id)} AND smuid IN ({listed})")
 
-    def _appended_unless_held(self, table: DeltaTable, rows: pa.Table, name: str, batch_id: int,
-                              low: int, high: int) -> bool:
-        """Append ``rows`` (SMUIDs ``low`` to ``high``) to ``table`` when it holds none of their
-        ``(account, smuid)`` keys (:func:`_holds_any`): what inserting them by a merge would do, at a
-        third of its cost.  False, and nothing written, when it holds one."""
-        if _holds_any(table, rows, low, high):
+    def _appended_unless_held(self, table: DeltaTable, rows: pa.Table, name: str, batch_id: int) -> bool:
+        """Append ``rows`` to ``table`` when it holds none of their ``(account, smuid)`` keys
+        (:func:`_holds_any`): what inserting them by a merge would do, at a third of its cost.  False,
+        and nothing written, when it holds one."""
+        if _holds_any(table, rows):
             return False
+        self._append(table, rows, name, batch_id)
+        return True
+
+    def _append(self, table: DeltaTable, rows: pa.Table, name: str, batch_id: int) -> None:
+        """Append ``rows`` to ``table`` as the commit of ``batch_id`` (its app transaction)."""
         with self._committing(name, batch_id) as txn:
             write_deltalake(table, rows, mode="append", commit_properties=txn)
-        return True
 
     def _commit_messages(self, arrow: pa.Table, batch_id: int) -> pa.Table:
         """Append the batch's messages; returns them as the table holds them now."""
         rows = _to_table(arrow, "messages")
         if rows.num_rows and (table := self._uncommitted("messages", batch_id)) is not None:
-            with self._committing("messages", batch_id) as txn:
-                write_deltalake(table, rows, mode="append", commit_properties=txn)
+            self._append(table, rows, "messages", batch_id)
         return rows
 
     def _commit_deliveries(self, arrow: pa.Table, batch_id: int, own: pa.ChunkedArray,
@@ -190,20 +200,19 @@ class DeltaCommits:
         if not arrow.num_rows or (table := self._uncommitted(name, batch_id)) is None:
             return
         rows = _to_table(arrow, name)
-        smuids = rows.column("smuid")
-        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
-        if pc.all(arrow.column("is_new")).as_py() and self._appended_unless_held(table, rows, name, batch_id,
-                                                                                  low, high):
-            return
         fresh = _fresh(arrow, own, batch_id)
+        if pc.all(fresh).as_py():  # a batch of publishes alone: no stored row can have their keys
+            self._append(table, rows, name, batch_id)
+            return
+        if pc.all(arrow.column("is_new")).as_py() and self._appended_unless_held(table, rows, name, batch_id):
+            return
         if pc.any(fresh).as_py():
             # no app transaction: the merge below carries the batch's; a batch that fails between the
             # two leaves these rows, which its replay removes first (:meth:`undo_fresh_deliveries`)
             write_deltalake(table, rows.filter(fresh), mode="append")
             stale = pc.invert(fresh)
             arrow, rows = arrow.filter(stale), rows.filter(stale)
-            smuids = rows.column("smuid")
-            low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
+        low, high = _smuid_range(rows)
         source = rows.append_column("is_new", arrow.column("is_new"))
         statuses = set(pc.unique(source.column("status")).to_pylist())
         with self._committing(name, batch_id) as txn:
@@ -228,10 +237,9 @@ class DeltaCommits:
         rows = _to_table(arrow, "trash")
         if not rows.num_rows or (table := self._uncommitted("trash", batch_id)) is None:
             return
-        smuids = rows.column("smuid")
-        low, high = pc.min(smuids).as_py(), pc.max(smuids).as_py()
-        if self._appended_unless_held(table, rows, "trash", batch_id, low, high):
+        if self._appended_unless_held(table, rows, "trash", batch_id):
             return
+        low, high = _smuid_range(rows)
         with self._committing("trash", batch_id) as txn:
             (
                 table.merge(
