@@ -257,10 +257,11 @@ class DeltaCommits:
         rows = _to_table(arrow, "receipts")
         if not rows.num_rows or (table := self._uncommitted("receipts", batch_id)) is None:
             return
+        low, high = _smuid_range(rows)  # so that the merge reads only the files that may hold them
         with self._committing("receipts", batch_id) as txn:
             (
-                table.merge(rows, predicate="t.smuid = s.smuid", source_alias="s", target_alias="t",
-                            commit_properties=txn)
+                table.merge(rows, predicate=f"t.smuid = s.smuid AND t.smuid >= {low} AND t.smuid <= {high}",
+                            source_alias="s", target_alias="t", commit_properties=txn)
                 .when_not_matched_insert_all()
                 .execute()
             )
