@@ -4,7 +4,8 @@
 127.0.0.1 (:mod:`deploy.stack`), warms them up, and measures, through the reference client:
 
 - **batch time**: each micro-batch's duration while one publisher sends a steady ``--rate``
-  (1,000 msg/s) to a topic nobody subscribes to, and the part of it spent planning the routing
+  (1,000 msg/s) to a topic nobody subscribes to (with ``--subscribed``, one that a subscriber ACKs
+  each message of), and the part of it spent planning the routing
   query.  From the job's log line per batch (``streaming/sink/command_sink.py``: the foreachBatch sink's total,
   its Spark / Delta split and the routing query's plan / run) and from the ``metrics`` Delta table
   (Spark's whole trigger and its phases).  Target: a batch of ≤ 1,000 commands takes ≤ 300 ms.
@@ -64,8 +65,8 @@ from schemas.config import StreamingConfig
 SOURCES = ("python", "kafka")
 T_VIS, T_ONE, T_EXP, T_LOAD = "/lat/vis", "/lat/one", "/lat/exp", "/lat/load"
 EXPIRY_TIMEOUT = "00:00:00:02"  # the expiry probe's Timeout header: 2 s
-PUBLISHER, SUBSCRIBER, OFFLINE, LOADER = "latpub", "latone", "latexp", "latload"
-ACCOUNTS = {name: f"{name}-pw" for name in (PUBLISHER, SUBSCRIBER, OFFLINE, LOADER)}
+PUBLISHER, SUBSCRIBER, OFFLINE, LOADER, LOAD_SUBSCRIBER = "latpub", "latone", "latexp", "latload", "latsub"
+ACCOUNTS = {name: f"{name}-pw" for name in (PUBLISHER, SUBSCRIBER, OFFLINE, LOADER, LOAD_SUBSCRIBER)}
 
 def run_order(source: str, runs: int, alternate: bool) -> list[str]:
     """The sources of the runs, in order: ``python, kafka, python, kafka`` for 2 alternating runs."""
@@ -272,19 +273,32 @@ async def wait_caught_up(probes: Probes, timeout: float) -> float:
 
 # -- the load: a process of its own, so its event loop does not delay the probes' clocks
 
-def _load_main(address, rate: float, seconds: float, body_bytes: int, conn) -> None:
+def _load_main(address, rate: float, seconds: float, body_bytes: int, subscribed: bool, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends us
     try:
-        result = asyncio.run(_load(address, rate, seconds, body_bytes, conn))
+        result = asyncio.run(_load(address, rate, seconds, body_bytes, subscribed, conn))
     except Exception as error:  # noqa: BLE001 - reported to the parent
         result = {"error": repr(error)}
     conn.send(("done", result))
 
 
-async def _load(address, rate: float, seconds: float, body_bytes: int, conn) -> dict:
+async def _acking(client, acked: list[int]) -> None:
+    """ACK every NOTIFY ``client`` gets, counting them in ``acked[0]``, until cancelled."""
+    while True:
+        note = await client.next_notification()
+        await note.ack()
+        acked[0] += 1
+
+
+async def _load(address, rate: float, seconds: float, body_bytes: int, subscribed: bool, conn) -> dict:
     from gateway.client import SMQPClient, SMQPError
 
     client = await SMQPClient.open(*address, LOADER, ACCOUNTS[LOADER])
+    subscriber, acker, acked = None, None, [0]
+    if subscribed:  # every load message routed to a subscriber that ACKs it: the job's deliveries path
+        subscriber = await SMQPClient.open(*address, LOAD_SUBSCRIBER, ACCOUNTS[LOAD_SUBSCRIBER])
+        await subscriber.subscribe(T_LOAD)
+        acker = asyncio.create_task(_acking(subscriber, acked))
     body = b"x" * body_bytes
     replies: list[float] = []
     errors: list[str] = []
@@ -315,22 +329,29 @@ async def _load(address, rate: float, seconds: float, body_bytes: int, conn) -> 
     if pending:
         await asyncio.wait(list(pending), timeout=30)
     elapsed = time.monotonic() - start
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.quit(), 5)
-    await client.close()
+    if acker is not None:
+        acker.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await acker
+    for connection in (client, subscriber):
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.quit(), 5)
+            await connection.close()
     return {"rate": rate, "offered": offered, "published": len(replies), "errors": len(errors),
+            "subscribed": subscribed, "acked": acked[0] if subscribed else None,
             "first_error": errors[0] if errors else None, "ended": ended,
             "achieved_per_s": round(len(replies) / elapsed), "publish": latency_summary(replies, offered)}
 
 
 class LoadProcess:
     """``rate`` msg/s of guaranteed PUBs to ``/lat/load`` for ``seconds``, from a child process that
-    is ended however the block ends."""
+    is ended however the block ends; with ``subscribed``, a subscriber of its own ACKs each one."""
 
-    def __init__(self, address, rate: float, seconds: float, body_bytes: int):
+    def __init__(self, address, rate: float, seconds: float, body_bytes: int, subscribed: bool = False):
         context = multiprocessing.get_context("spawn")
         self.receiving, sending = context.Pipe(duplex=False)
-        self.process = context.Process(target=_load_main, args=(address, rate, seconds, body_bytes, sending),
+        self.process = context.Process(target=_load_main, args=(address, rate, seconds, body_bytes, subscribed, sending),
                                        name="job-latency-load", daemon=True)
         self.seconds = seconds
 
@@ -388,7 +409,8 @@ async def measure(stack, args) -> dict:
         say("  " + headline(phases["load"]["samples"]))
         load = phases["load"]["load"]
         say(f"  load: {load.get('published')} of {load.get('offered')} PUBs answered, "
-            f"{load.get('achieved_per_s')} msg/s, {load.get('errors')} errors")
+            f"{load.get('achieved_per_s')} msg/s, {load.get('errors')} errors"
+            + (f", {load.get('acked')} ACKed by its subscriber" if load.get("subscribed") else ""))
         phases["load"]["caught_up_after_s"] = await catch_up(probes, "the load (and the probes' grace)")
     finally:
         await probes.close()
@@ -407,7 +429,7 @@ async def catch_up(probes: Probes, after: str, timeout: float = 300) -> float | 
 
 async def loaded_phase(stack, probes: Probes, args, seconds: float, count: int, settle: float) -> dict:
     """The load for ``seconds``; after ``settle`` s the probes run until it ends (and their grace)."""
-    with LoadProcess(stack.address, args.rate, seconds, args.body_bytes) as load:
+    with LoadProcess(stack.address, args.rate, seconds, args.body_bytes, args.subscribed) as load:
         started = await load.receive("started", 120)
         before = os.getloadavg()[0]
         await asyncio.sleep(settle)
@@ -591,6 +613,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--poll-ms", type=float, default=100, help="how often GET / LIST …/Trash are asked (default 100 ms)")
     add("--grace", type=float, default=30, help="seconds a sample may take before it counts as never seen")
     add("--body-bytes", type=int, default=100, help="bytes per load message (default 100)")
+    add("--subscribed", action="store_true",
+        help="a subscriber ACKs every load message, so the job routes, stores and settles a delivery "
+             "of each (default: nobody subscribes to the load's topic)")
     add("--start-timeout", type=float, default=300, help="seconds allowed for the job's first commit")
     add("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="a configuration value for the stack (SMQP_SECTION_KEY), e.g. streaming.defer_while_busy_s=0")
