@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=100, help="measured batches (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="batches run first, not counted (default 10)")
     parser.add_argument("--publishes", type=int, default=200, help="publishes per batch (default 200)")
-    parser.add_argument("--subscribers", type=int, default=2, help="accounts subscribed to them (default 2; 0: nobody, so every publish waits in "
-                             "``unrouted``, as the load of deploy.job_latency does)")
+    parser.add_argument("--subscribers", type=int, default=2,
+                        help="accounts subscribed to them (default 2; 0: nobody, so every publish waits "
+                             "in 'unrouted', as deploy.job_latency's load does)")
     parser.add_argument("--subscribe", action="store_true",
                         help="a SUBSCRIBE in every batch (routed on the driver)")
     parser.add_argument("--receipts", action="store_true",

@@ -7,9 +7,10 @@ so without compaction a batch grows slower the longer the job runs.
 
 :class:`TableCompactor` compacts them every ``streaming.compact_interval_s`` of the batches' clock,
 and a table as soon as it has ``streaming.compact_files`` files more than after its last compaction:
-one table a batch at most, the interval's too, so that no one batch pays for them all.  The interval alone let a table
-grow by 300 files between two compactions, and a gateway's whole-topic read (LIST MESSAGE, COUNT)
-opens every file: a Trash of 150 one-row files took 335 ms to list, 10 ms compacted.
+one table a batch at most, the interval's too, so that no one batch pays for them all.  The
+interval alone let a table grow by 300 files between two compactions, and a gateway's whole-topic
+read (LIST MESSAGE, COUNT) opens every file: a Trash of 150 one-row files took 335 ms to list, 10 ms
+compacted.
 
 Like the Trash sweep it runs in the foreachBatch thread, between two batches' commits: that thread
 is the one writer of these tables, and a compaction beside one of its merges would conflict with it.
@@ -47,10 +48,9 @@ class TableCompactor:
     """``compactor(now)``: compact one of the sink's tables: once ``streaming.compact_interval_s`` of
     the batches' clock ``now`` (µs; None: a batch without a clock) has passed since the last time,
     each in turn, one a call (packed together in one batch, ``messages``, ``unrouted`` and
-    ``deliveries`` took 220-240 ms of a ``deploy.sink_bench`` batch); else the one table with the
+    ``deliveries`` took 214-237 ms of a ``deploy.sink_bench`` batch); else the one table with the
     most files beyond ``streaming.compact_files`` more than it had after its last compaction.
-    Returns the files the compacted table lost.  ``table(name)``: the table, open
-    and up to date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when
+    Returns the files the compacted table lost.  ``table(name)``: the table, open and up to date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when
     it does not exist yet.
 
     A compaction that fails (the disk, a writer it conflicts with) is logged and tried again later:
@@ -103,7 +103,8 @@ class TableCompactor:
         return {name: lost} if lost else {}
 
     def _compact(self, name: str, target: int) -> int:
-        """Compact table ``name`` (if it exists), packing its files under ``target`` bytes; the files it lost."""
+        """Compact table ``name`` (if it exists), packing its files under ``target`` bytes; the files
+        it lost."""
         started, table = time.monotonic(), None
         try:
             table = self.table(name)
