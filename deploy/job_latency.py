@@ -114,7 +114,8 @@ def latencies(samples: Iterable[Sample], attribute: str) -> dict:
 
 
 class _Receiver:
-    """The DELIVERY ONE subscriber: notes when each NOTIFY arrived, then ACKs it (two-phase)."""
+    """A subscriber that notes when each NOTIFY arrived, then ACKs it (two-phase): the DELIVERY ONE
+    probe's, and with ``--subscribed`` the load's."""
 
     def __init__(self, client):
         self.client = client
@@ -282,23 +283,15 @@ def _load_main(address, rate: float, seconds: float, body_bytes: int, subscribed
     conn.send(("done", result))
 
 
-async def _acking(client, acked: list[int]) -> None:
-    """ACK every NOTIFY ``client`` gets, counting them in ``acked[0]``, until cancelled."""
-    while True:
-        note = await client.next_notification()
-        await note.ack()
-        acked[0] += 1
-
-
 async def _load(address, rate: float, seconds: float, body_bytes: int, subscribed: bool, conn) -> dict:
     from gateway.client import SMQPClient, SMQPError
 
     client = await SMQPClient.open(*address, LOADER, ACCOUNTS[LOADER])
-    subscriber, acker, acked = None, None, [0]
+    receiver = None
     if subscribed:  # every load message routed to a subscriber that ACKs it: the job's deliveries path
         subscriber = await SMQPClient.open(*address, LOAD_SUBSCRIBER, ACCOUNTS[LOAD_SUBSCRIBER])
         await subscriber.subscribe(T_LOAD)
-        acker = asyncio.create_task(_acking(subscriber, acked))
+        receiver = _Receiver(subscriber)
     body = b"x" * body_bytes
     replies: list[float] = []
     errors: list[str] = []
@@ -329,17 +322,15 @@ async def _load(address, rate: float, seconds: float, body_bytes: int, subscribe
     if pending:
         await asyncio.wait(list(pending), timeout=30)
     elapsed = time.monotonic() - start
-    if acker is not None:
-        acker.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await acker
-    for connection in (client, subscriber):
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.quit(), 5)
-            await connection.close()
+    if receiver is not None:
+        await receiver.close()
+    for connection in (client, *([receiver.client] if receiver else [])):
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.quit(), 5)
+        await connection.close()
     return {"rate": rate, "offered": offered, "published": len(replies), "errors": len(errors),
-            "subscribed": subscribed, "acked": acked[0] if subscribed else None,
+            "subscribed": subscribed, "acked": len(receiver.arrivals) if receiver else None,
+            "subscriber_error": repr(receiver.error) if receiver and receiver.error else None,
             "first_error": errors[0] if errors else None, "ended": ended,
             "achieved_per_s": round(len(replies) / elapsed), "publish": latency_summary(replies, offered)}
 
@@ -351,8 +342,8 @@ class LoadProcess:
     def __init__(self, address, rate: float, seconds: float, body_bytes: int, subscribed: bool = False):
         context = multiprocessing.get_context("spawn")
         self.receiving, sending = context.Pipe(duplex=False)
-        self.process = context.Process(target=_load_main, args=(address, rate, seconds, body_bytes, subscribed, sending),
-                                       name="job-latency-load", daemon=True)
+        self.process = context.Process(target=_load_main, name="job-latency-load", daemon=True,
+                                       args=(address, rate, seconds, body_bytes, subscribed, sending))
         self.seconds = seconds
 
     def __enter__(self) -> LoadProcess:
@@ -410,7 +401,8 @@ async def measure(stack, args) -> dict:
         load = phases["load"]["load"]
         say(f"  load: {load.get('published')} of {load.get('offered')} PUBs answered, "
             f"{load.get('achieved_per_s')} msg/s, {load.get('errors')} errors"
-            + (f", {load.get('acked')} ACKed by its subscriber" if load.get("subscribed") else ""))
+            + (f", {load.get('acked')} ACKed by its subscriber" if load.get("subscribed") else "")
+            + (f" (which failed: {load['subscriber_error']})" if load.get("subscriber_error") else ""))
         phases["load"]["caught_up_after_s"] = await catch_up(probes, "the load (and the probes' grace)")
     finally:
         await probes.close()

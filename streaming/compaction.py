@@ -50,8 +50,8 @@ class TableCompactor:
     each in turn, one a call (packed together in one batch, ``messages``, ``unrouted`` and
     ``deliveries`` took 214-237 ms of a ``deploy.sink_bench`` batch); else the one table with the
     most files beyond ``streaming.compact_files`` more than it had after its last compaction.
-    Returns the files the compacted table lost.  ``table(name)``: the table, open and up to date (the sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when
-    it does not exist yet.
+    Returns the files the compacted table lost.  ``table(name)``: the table, open and up to date (the
+    sink's own, :meth:`streaming.sink.tables.DeltaTables._table`), or None when it does not exist yet.
 
     A compaction that fails (the disk, a writer it conflicts with) is logged and tried again later:
     small files only slow the job down, they must never stop it.
@@ -103,13 +103,11 @@ class TableCompactor:
         return {name: lost} if lost else {}
 
     def _compact(self, name: str, target: int) -> int:
-        """Compact table ``name`` (if it exists), packing its files under ``target`` bytes; the files
-        it lost."""
+        """Compact table ``name`` (one that exists: :meth:`__call__` picks no other), packing its files
+        under ``target`` bytes; the files it lost."""
         started, table = time.monotonic(), None
         try:
             table = self.table(name)
-            if table is None:
-                return 0
             metrics = table.optimize.compact(target_size=target)
         except (DeltaError, OSError):
             log.exception("compaction of %s failed; tried again at the next interval or %d files on",

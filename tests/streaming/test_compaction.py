@@ -121,14 +121,11 @@ def test_a_failed_compaction_is_tried_again_only_after_compact_files_more_files(
 
 
 def _sizes(sink, name) -> dict[str, int]:
-    table = DeltaTable(sink.config.table_path(name))
-    return dict(zip(table.file_uris(), (add["size_bytes"] for add in _adds(table))))
-
-
-def _adds(table):
+    """Each live file of table ``name`` (its path in the log) and its size in bytes."""
     import pyarrow as pa
 
-    return pa.table(table.get_add_actions(flatten=True)).select(["size_bytes"]).to_pylist()
+    adds = pa.table(DeltaTable(sink.config.table_path(name)).get_add_actions(flatten=True))
+    return dict(zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist()))
 
 
 def test_a_table_compacted_for_its_file_count_leaves_its_packed_files_to_the_interval(spark, tmp_path):
